@@ -1,0 +1,36 @@
+# The two entry points of the README: `make serve` and `make test`.
+# Both do all set-up first (tools/setup.sh is idempotent and fast when done).
+SHELL := /bin/bash
+VENV := .venv
+PRESET ?= text-chat
+REPO := model_repository/build/$(PRESET)
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+
+.PHONY: setup serve repo test unit lint bench clean
+
+setup:
+	@bash tools/setup.sh
+
+repo: setup
+	$(VENV)/bin/omni-gen-repo --preset $(PRESET) -o $(REPO)
+
+serve: repo
+	$(VENV)/bin/tritonserver --model-repository=$(REPO) \
+	  --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
+
+test: setup
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+
+unit: setup
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+lint: setup
+	$(VENV)/bin/ruff check backends omni_client tools tests
+
+bench: setup
+	$(VENV)/bin/python tools/bench_llm.py
+
+clean:
+	rm -rf model_repository/build

@@ -1,0 +1,127 @@
+"""Triton adapter of the LLM core (`backend: "omni_llm"`), loaded by the Python stub.
+
+Thin by design: reads the per-stage engine.json, starts an LLMStage, turns
+each Triton request into an LLMRequest and each LLMOutput into a decoupled
+response. The logic lives in omni_serve.llm (unit-tested without Triton).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from omni_serve.contract import ENGINE_ARGS_FILE, LLM, LLM_CONTRACT
+from omni_serve.llm.request import LLMOutput, LLMRequest, parse_request
+from omni_serve.llm.stage import LLMStage
+from omni_serve.tritonio import Metrics, ResponseSender, pb, read_inputs, request_parameters
+from omni_serve.tritonio import make_response, triton_error
+
+log = logging.getLogger("omni_llm")
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class _TritonMetrics:
+    """StageMetrics on Triton's /metrics endpoint."""
+
+    def __init__(self, model_name: str):
+        m = Metrics({"model": model_name})
+        self._m = m
+        self._ttft = m.histogram("omni_llm_time_to_first_token_seconds",
+                                 "Time from request arrival to the first generated token",
+                                 _LATENCY_BUCKETS)
+        self._tpot = m.histogram("omni_llm_time_per_output_token_seconds",
+                                 "Time between generated tokens", _LATENCY_BUCKETS)
+        self._prompt = m.counter("omni_llm_prompt_tokens_total", "Prompt tokens processed")
+        self._gen = m.counter("omni_llm_generation_tokens_total", "Tokens generated")
+        self._running = m.gauge("omni_llm_engine_running_requests",
+                                "Requests the vLLM scheduler is running")
+        self._waiting = m.gauge("omni_llm_engine_waiting_requests",
+                                "Requests waiting in the vLLM scheduler")
+
+    def time_to_first_token(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def time_per_output_token(self, seconds: float) -> None:
+        self._tpot.observe(seconds)
+
+    def tokens(self, prompt: int, generated: int) -> None:
+        self._prompt.increment(prompt)
+        self._gen.increment(generated)
+
+    def scheduler(self, running: int, waiting: int) -> None:
+        self._running.set(running)
+        self._waiting.set(waiting)
+
+
+class _Sink:
+    """LLMStage Sink over one Triton response sender."""
+
+    __slots__ = ("_sender", "_responses", "_req")
+
+    def __init__(self, sender: ResponseSender, response_sender, req: LLMRequest):
+        self._sender = sender
+        self._responses = response_sender
+        self._req = req
+
+    def send(self, output: LLMOutput) -> None:
+        self._sender.put(self._responses, lambda: _response(self._req, output), output.final)
+
+    def fail(self, error: Exception) -> None:
+        self._sender.put(self._responses,
+                         lambda: pb().InferenceResponse(error=triton_error(error)), True)
+
+    def is_cancelled(self) -> bool:
+        return self._responses.is_cancelled()
+
+
+def _response(req: LLMRequest, out: LLMOutput):
+    tensors = {LLM.TEXT_OUTPUT: np.array([out.text.encode("utf-8")], dtype=np.object_)}
+    if req.return_finish_reason:
+        tensors[LLM.FINISH_REASON] = np.array([(out.finish_reason or "").encode()],
+                                              dtype=np.object_)
+    if req.return_num_input_tokens:
+        tensors[LLM.NUM_INPUT_TOKENS] = np.array([out.num_input_tokens], dtype=np.uint32)
+    if req.return_num_output_tokens:
+        tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.uint32)
+    return make_response(tensors)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        config = json.loads(args["model_config"])
+        if not pb().using_decoupled_model_transaction_policy(config):
+            raise pb().TritonModelException(
+                f"{self.model_name}: omni_llm needs model_transaction_policy {{ decoupled: true }}")
+        path = os.path.join(args["model_repository"], ENGINE_ARGS_FILE)
+        with open(path) as f:
+            engine_args = json.load(f)
+        self._ids = itertools.count()
+        self.sender = ResponseSender(self.model_name)
+        self.stage = LLMStage(engine_args, metrics=_TritonMetrics(self.model_name),
+                              name=self.model_name)
+        self.stage.start()
+
+    def execute(self, requests):
+        for request in requests:
+            arrival = time.perf_counter()
+            response_sender = request.get_response_sender()
+            request_id = f"{self.model_name}-{next(self._ids)}-{request.request_id() or ''}"
+            try:
+                req = parse_request(request_id, read_inputs(request, LLM_CONTRACT),
+                                    request_parameters(request))
+            except Exception as e:
+                self.sender.put(response_sender,
+                                lambda e=e: pb().InferenceResponse(error=triton_error(e)), True)
+                continue
+            self.stage.submit(req, _Sink(self.sender, response_sender, req), arrival)
+        return None
+
+    def finalize(self):
+        self.stage.shutdown()
+        self.sender.close()

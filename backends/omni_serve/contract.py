@@ -1,0 +1,124 @@
+"""Tensor contracts of every stage: the one place tensor names, dtypes and shapes live.
+
+Imported by the repository generator (config.pbtxt inputs/outputs), by the
+Triton adapters in backends/*/model.py and by omni_client. Nothing here
+imports tritonserver or torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+# Triton model-config data types used by the stages, with the numpy dtype a
+# client sends/receives and the wire datatype name of the inference protocol.
+TritonType = Literal["TYPE_STRING", "TYPE_BOOL", "TYPE_UINT32", "TYPE_INT32", "TYPE_INT64",
+                     "TYPE_FP32", "TYPE_UINT8"]
+
+NP_DTYPE: dict[str, type] = {
+    "TYPE_STRING": np.object_,
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP32": np.float32,
+    "TYPE_UINT8": np.uint8,
+}
+
+WIRE_DTYPE: dict[str, str] = {
+    "TYPE_STRING": "BYTES",
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT32": "UINT32",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP32": "FP32",
+    "TYPE_UINT8": "UINT8",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor of a stage (dims exclude the batch dim)."""
+
+    name: str
+    data_type: TritonType
+    dims: tuple[int, ...]
+    optional: bool = False
+    doc: str = ""
+
+    @property
+    def np_dtype(self) -> type:
+        return NP_DTYPE[self.data_type]
+
+    @property
+    def wire_dtype(self) -> str:
+        return WIRE_DTYPE[self.data_type]
+
+
+@dataclass(frozen=True)
+class StageContract:
+    """Inputs and outputs of one stage kind; `backend` is the config.pbtxt backend name."""
+
+    backend: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    decoupled: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def input(self, name: str) -> TensorSpec:
+        return next(t for t in self.inputs if t.name == name)
+
+    def output(self, name: str) -> TensorSpec:
+        return next(t for t in self.outputs if t.name == name)
+
+
+# --- LLM core (omni_llm) -------------------------------------------------------
+# A superset of Triton's vllm_backend interface, so its clients work unchanged.
+
+class LLM:
+    TEXT_INPUT = "text_input"
+    STREAM = "stream"
+    SAMPLING_PARAMETERS = "sampling_parameters"
+    EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
+    RETURN_FINISH_REASON = "return_finish_reason"
+    RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"
+    RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
+
+    TEXT_OUTPUT = "text_output"
+    FINISH_REASON = "finish_reason"
+    NUM_INPUT_TOKENS = "num_input_tokens"
+    NUM_OUTPUT_TOKENS = "num_output_tokens"
+
+    # Boolean request flags that may also arrive as request parameters.
+    FLAGS = (STREAM, EXCLUDE_INPUT_IN_OUTPUT, RETURN_FINISH_REASON,
+             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS)
+
+
+LLM_CONTRACT = StageContract(
+    backend="omni_llm",
+    decoupled=True,
+    inputs=(
+        TensorSpec(LLM.TEXT_INPUT, "TYPE_STRING", (1,), doc="prompt text"),
+        TensorSpec(LLM.STREAM, "TYPE_BOOL", (1,), optional=True,
+                   doc="send deltas as they are generated (default false: one response)"),
+        TensorSpec(LLM.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
+                   doc="JSON object of vLLM SamplingParams fields"),
+        TensorSpec(LLM.EXCLUDE_INPUT_IN_OUTPUT, "TYPE_BOOL", (1,), optional=True,
+                   doc="non-streaming only: omit the prompt from text_output (default true)"),
+        TensorSpec(LLM.RETURN_FINISH_REASON, "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(LLM.RETURN_NUM_INPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(LLM.RETURN_NUM_OUTPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
+    ),
+    outputs=(
+        TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
+        TensorSpec(LLM.FINISH_REASON, "TYPE_STRING", (-1,)),
+        TensorSpec(LLM.NUM_INPUT_TOKENS, "TYPE_UINT32", (-1,)),
+        TensorSpec(LLM.NUM_OUTPUT_TOKENS, "TYPE_UINT32", (-1,)),
+    ),
+)
+
+CONTRACTS: dict[str, StageContract] = {c.backend: c for c in (LLM_CONTRACT,)}
+
+# The per-stage JSON file the generator writes next to config.pbtxt.
+ENGINE_ARGS_FILE = "engine.json"

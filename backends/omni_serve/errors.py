@@ -1,0 +1,20 @@
+"""The error taxonomy shared by every stage (runs inside the Triton stub and in tests).
+
+A `RequestError` is one request's fault: the adapter answers that request with
+Triton INVALID_ARG and keeps serving. Anything else escaping stage logic is a
+server fault (INTERNAL). Never `assert` on user input.
+"""
+from __future__ import annotations
+
+
+class RequestError(ValueError):
+    """A bad request; `field` names the offending input (tensor, parameter or key)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class StageUnavailableError(RuntimeError):
+    """The stage cannot serve now (engine dead, shutting down); maps to UNAVAILABLE."""

@@ -1,0 +1,224 @@
+"""The LLM core stage: a vLLM AsyncLLM driven from Triton's stub process.
+
+Threads in the stub process:
+- Triton's execute() thread calls `submit()`, which only schedules work;
+- the engine thread owns an asyncio loop with the AsyncLLM client; one task
+  per request renders the prompt, iterates `generate()` and hands each
+  output to the request's `Sink`;
+- the adapter's sender thread (see backends/omni_llm/model.py) turns
+  outputs into Triton responses, so a slow client never stalls the loop;
+- a watchdog thread polls sinks for client cancellation and aborts those
+  requests in the engine.
+Tokens flow engine core process -> AsyncLLM (this loop) -> Sink -> sender.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from omni_serve.errors import RequestError, StageUnavailableError
+from omni_serve.llm import sampling
+from omni_serve.llm.request import LLMOutput, LLMRequest
+
+log = logging.getLogger(__name__)
+
+# Engine arguments the stage sets unless the per-stage JSON says otherwise.
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+    "disable_log_stats": True,  # our stat logger still receives the stats
+}
+CANCEL_POLL_S = 0.05
+
+
+class Sink(Protocol):
+    """Where one request's outputs go (the adapter wraps Triton's response sender)."""
+
+    def send(self, output: LLMOutput) -> None: ...
+    def fail(self, error: Exception) -> None: ...
+    def is_cancelled(self) -> bool: ...
+
+
+class StageMetrics(Protocol):
+    """What the stage reports; the adapter maps it onto Triton custom metrics."""
+
+    def time_to_first_token(self, seconds: float) -> None: ...
+    def time_per_output_token(self, seconds: float) -> None: ...
+    def tokens(self, prompt: int, generated: int) -> None: ...
+    def scheduler(self, running: int, waiting: int) -> None: ...
+
+
+class NullMetrics:
+    def time_to_first_token(self, seconds: float) -> None: ...
+    def time_per_output_token(self, seconds: float) -> None: ...
+    def tokens(self, prompt: int, generated: int) -> None: ...
+    def scheduler(self, running: int, waiting: int) -> None: ...
+
+
+def _stat_logger_factory(metrics: StageMetrics) -> Callable:
+    """A vLLM StatLogger factory forwarding scheduler stats (running/waiting)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+
+    class _SchedulerStats(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            if scheduler_stats is not None:
+                metrics.scheduler(scheduler_stats.num_running_reqs,
+                                  scheduler_stats.num_waiting_reqs)
+
+        def log_engine_initialized(self):
+            pass
+
+    return _SchedulerStats
+
+
+class LLMStage:
+    """Owns one AsyncLLM engine and its event loop; thread-safe `submit`."""
+
+    def __init__(self, engine_args: dict[str, Any], *, metrics: StageMetrics | None = None,
+                 name: str = "llm"):
+        self.name = name
+        self.engine_args = {**DEFAULT_ENGINE_ARGS, **engine_args}
+        self.metrics = metrics or NullMetrics()
+        self.engine = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name=f"{name}-engine-loop", daemon=True)
+        self._live: dict[str, tuple[Sink, Future]] = {}
+        self._live_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch_cancellations,
+                                          name=f"{name}-cancel-watch", daemon=True)
+        self.max_model_len: int | None = None
+
+    # --- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        """Start the loop and the engine (blocks until the engine is ready)."""
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start_engine(), self._loop).result()
+        self._watchdog.start()
+
+    async def _start_engine(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        args = AsyncEngineArgs(**self.engine_args)
+        self.engine = AsyncLLM.from_engine_args(
+            args, stat_loggers=[_stat_logger_factory(self.metrics)])
+        self.max_model_len = self.engine.model_config.max_model_len
+        log.info("[%s] engine ready (model=%s, max_model_len=%s)", self.name,
+                 self.engine_args.get("model"), self.max_model_len)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort what is still running, wait for it, stop the engine and the loop."""
+        self._stopping.set()
+        with self._live_lock:
+            live = list(self._live.items())
+        for request_id, (_, fut) in live:
+            self.abort(request_id)
+        deadline = time.monotonic() + timeout
+        for _, (_, fut) in live:
+            try:
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # already reported to its sink
+                pass
+        if self.engine is not None:
+            self.engine.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # --- requests ----------------------------------------------------------------
+    def submit(self, request: LLMRequest, sink: Sink, arrival: float | None = None) -> None:
+        """Schedule one request; outputs and errors go to `sink`. Never blocks."""
+        if self._stopping.is_set() or self.engine is None:
+            sink.fail(StageUnavailableError(f"stage {self.name} is not serving"))
+            return
+        arrival = time.perf_counter() if arrival is None else arrival
+        fut = asyncio.run_coroutine_threadsafe(self._generate(request, sink, arrival), self._loop)
+        with self._live_lock:
+            self._live[request.request_id] = (sink, fut)
+        fut.add_done_callback(lambda _: self._forget(request.request_id))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request in the engine (thread-safe, no-op when finished)."""
+        if self.engine is not None and not self._loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self.engine.abort(request_id), self._loop)
+
+    def _forget(self, request_id: str) -> None:
+        with self._live_lock:
+            self._live.pop(request_id, None)
+
+    @property
+    def num_live(self) -> int:
+        with self._live_lock:
+            return len(self._live)
+
+    async def _render(self, prompt: str):
+        from vllm.renderers.inputs.preprocess import parse_model_prompt  # noqa: PLC0415
+
+        parsed = parse_model_prompt(self.engine.model_config, {"prompt": prompt})
+        (engine_input,) = await self.engine.renderer.render_cmpl_async([parsed])
+        return engine_input
+
+    async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
+        from vllm.exceptions import VLLMClientError  # noqa: PLC0415
+
+        try:
+            params = sampling.build(req.sampling, stream=req.stream)
+            engine_input = await self._render(req.prompt)
+            await self._stream(req, sink, params, engine_input, arrival)
+        except RequestError as e:
+            sink.fail(e)
+        except (VLLMClientError, ValueError) as e:
+            sink.fail(sampling.client_error(e, "text_input"))
+        except asyncio.CancelledError:
+            await self.engine.abort(req.request_id)
+            raise
+        except Exception as e:  # engine failure: that request fails, the stage reports it
+            log.exception("[%s] request %s failed", self.name, req.request_id)
+            sink.fail(e)
+
+    async def _stream(self, req: LLMRequest, sink: Sink, params, engine_input,
+                      arrival: float) -> None:
+        first_at = last_at = None
+        n_out = 0
+        n_in = 0
+        async for out in self.engine.generate(engine_input, params, req.request_id):
+            now = time.perf_counter()
+            comp = out.outputs[0]
+            n_in = len(out.prompt_token_ids or ())
+            new_tokens = len(comp.token_ids)
+            if first_at is None and new_tokens:
+                first_at = now
+                self.metrics.time_to_first_token(now - arrival)
+            elif new_tokens and last_at is not None:
+                self.metrics.time_per_output_token((now - last_at) / new_tokens)
+            last_at = now
+            n_out = n_out + new_tokens if req.stream else new_tokens
+            text = comp.text
+            if not req.stream and not req.exclude_input_in_output:
+                text = (out.prompt or req.prompt) + text
+            sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
+                                num_input_tokens=n_in, num_output_tokens=n_out,
+                                final=out.finished))
+        self.metrics.tokens(n_in, n_out)
+
+    # --- cancellation ------------------------------------------------------------
+    def _watch_cancellations(self) -> None:
+        while not self._stopping.wait(CANCEL_POLL_S):
+            with self._live_lock:
+                live = list(self._live.items())
+            for request_id, (sink, _) in live:
+                try:
+                    cancelled = sink.is_cancelled()
+                except Exception:  # the request is gone already
+                    cancelled = True
+                if cancelled:
+                    log.info("[%s] request %s cancelled by client; aborting", self.name, request_id)
+                    self.abort(request_id)
+                    self._forget(request_id)

@@ -1,0 +1,124 @@
+"""Start and stop a real tritonserver process (used by tests, benchmarks and `make serve`).
+
+Runs in the caller's process; the server is a child process in its own
+process group, stopped with SIGTERM (then SIGKILL) so no stub or vLLM
+engine process outlives it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tritonserver_bin() -> str:
+    """The venv's tritonserver wrapper (see tools/assemble_backends.py)."""
+    cand = Path(sys.prefix) / "bin" / "tritonserver"
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("tritonserver")
+    if not found:
+        raise FileNotFoundError("tritonserver not found; run `make setup` first")
+    return found
+
+
+class TritonServer:
+    """One tritonserver on free (or given) ports; a context manager."""
+
+    def __init__(self, repository: str | Path, *, http_port: int | None = None,
+                 grpc_port: int | None = None, metrics_port: int | None = None,
+                 log_path: str | Path | None = None, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None):
+        self.repository = Path(repository)
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_args = extra_args or []
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 240.0) -> TritonServer:
+        cmd = [tritonserver_bin(), f"--model-repository={self.repository}",
+               f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+               f"--metrics-port={self.metrics_port}", "--allow-metrics=true",
+               *self.extra_args]
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env}, start_new_session=True)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; "
+                                   f"log: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout}s; log: {self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        return "(no log)"
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

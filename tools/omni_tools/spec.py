@@ -1,0 +1,408 @@
+"""Pipeline specs: the YAML file that names a pipeline's stages, loaded into typed objects.
+
+Runs in the `omni-gen-repo` process (and in tests), never inside tritonserver.
+Flow: YAML text -> `parse_spec` (pydantic, plus checks against vLLM's engine
+arguments, the built-in tiny models and the filesystem) -> `PipelineSpec`,
+which `omni_tools.gen_repo` turns into a Triton model repository.
+
+Every problem is reported at once as a `SpecError`, one line per problem,
+each naming the dotted key (`stages.llm.instances.count`), what is wrong and
+what is allowed. Unknown keys are errors, never ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import importlib
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+logger = logging.getLogger(__name__)
+
+# Backends a stage may name; each has a tensor contract in omni_serve.contract.
+Backend = Literal["omni_llm"]
+InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
+
+# Backends whose engine batches by itself: Triton must hand requests over one by one.
+ENGINE_BATCHED_BACKENDS: frozenset[str] = frozenset({"omni_llm"})
+
+TINY_PREFIX = "tiny:"
+PIPELINE_NAME_RE = re.compile(r"[a-z0-9-]+")
+STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
+MODEL_IN_ENGINE_ARGS = "not allowed here: the checkpoint comes from the stage's `model` key"
+SPECS_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "specs"
+
+
+class SpecError(ValueError):
+    """A pipeline spec that cannot be used; `problems` holds one line per problem."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        super().__init__("\n  ".join([f"{source}: {count}", *problems]))
+
+
+class _Problems(ValueError):
+    """Raised inside validators: problems at key paths below the validated value."""
+
+    def __init__(self, *problems: tuple[tuple[str | int, ...], str]):
+        super().__init__("; ".join(message for _, message in problems))
+        self.problems = problems
+
+
+# --- lazily imported collaborators (tests replace these) -----------------------
+
+@functools.lru_cache(maxsize=1)
+def vllm_engine_arg_names() -> frozenset[str] | None:
+    """Field names of vLLM's AsyncEngineArgs, or None when vLLM cannot be imported."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+    except Exception as e:  # noqa: BLE001 - any import failure means "cannot check"
+        logger.warning("vLLM is not importable (%s); engine_args are not checked", e)
+        return None
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+def tiny_models_module() -> ModuleType:
+    """The built-in tiny-model builder (imported on first use: it may pull in torch)."""
+    return importlib.import_module("omni_tools.tiny_models")
+
+
+# --- model references ----------------------------------------------------------
+
+def tiny_model_name(model: str) -> str | None:
+    """`qwen2-tiny` for `tiny:qwen2-tiny`; None for a filesystem path."""
+    return model[len(TINY_PREFIX):] if model.startswith(TINY_PREFIX) else None
+
+
+def resolve_model_path(model: str, base_dir: Path) -> Path:
+    """Absolute checkpoint directory of a path-valued `model`; ValueError if unusable.
+
+    Environment variables and `~` are expanded; a relative path is taken
+    relative to `base_dir` (the spec file's folder).
+    """
+    expanded = os.path.expanduser(os.path.expandvars(model))
+    path = (base_dir / expanded).resolve()
+    hint = ("give a Hugging Face checkpoint directory (holding config.json) "
+            f"or {TINY_PREFIX}<name> for a built-in tiny model")
+    if not path.exists():
+        unset = re.findall(r"\$\{?(\w+)", expanded)
+        if unset:
+            raise ValueError(f"environment variable {', '.join(unset)} is not set "
+                             f"(model {model!r}); {hint}")
+        raise ValueError(f"model directory {path} does not exist; {hint}")
+    if not path.is_dir():
+        raise ValueError(f"model path {path} is not a directory; {hint}")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {path} has no config.json; {hint}")
+    return path
+
+
+def _check_tiny_name(name: str) -> None:
+    try:
+        known = tiny_models_module().TINY_MODELS
+    except ImportError as e:
+        raise ValueError(f"built-in tiny models are unavailable ({e})") from e
+    if name not in known:
+        raise ValueError(f"unknown built-in tiny model {name!r}; known: "
+                         f"{', '.join(TINY_PREFIX + n for n in sorted(known))}")
+
+
+# --- the spec ------------------------------------------------------------------
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class InstancesSpec(_Strict):
+    """Triton `instance_group` of a stage."""
+
+    count: Annotated[int, Field(ge=1)] = 1
+    kind: InstanceKind = "KIND_MODEL"
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_need_kind_gpu(cls, gpus: list[int], info: ValidationInfo) -> list[int]:
+        kind = info.data.get("kind")
+        if gpus and kind is not None and kind != "KIND_GPU":
+            raise ValueError(f"only allowed with kind KIND_GPU (kind is {kind}); "
+                             "set kind: KIND_GPU or remove gpus")
+        return gpus
+
+
+class StageSpec(_Strict):
+    """One stage: a Triton model served by one of the omni backends."""
+
+    backend: Backend
+    model: str
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    instances: InstancesSpec = Field(default_factory=InstancesSpec)
+    max_batch_size: Annotated[int, Field(ge=0)] | None = None
+
+    @property
+    def tiny_model(self) -> str | None:
+        return tiny_model_name(self.model)
+
+    @property
+    def effective_max_batch_size(self) -> int:
+        """The config.pbtxt max_batch_size (0 = Triton does not batch)."""
+        return self.max_batch_size or 0
+
+    @field_validator("model")
+    @classmethod
+    def _model_usable(cls, model: str, info: ValidationInfo) -> str:
+        name = tiny_model_name(model)
+        if name is not None:
+            _check_tiny_name(name)
+        else:
+            resolve_model_path(model, _base_dir(info))
+        return model
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_known(cls, engine_args: dict[str, Any]) -> dict[str, Any]:
+        problems = []
+        known = None
+        for key, value in engine_args.items():
+            if key == "model":
+                problems.append(((key,), MODEL_IN_ENGINE_ARGS))
+                continue
+            known = known if known is not None else vllm_engine_arg_names()
+            if known is not None and key not in known:
+                problems.append(((key,), _unknown_engine_arg(key, known)))
+                continue
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                message = (f"value of type {type(value).__name__} is not JSON-serializable; "
+                           "use a string, number, bool, list or mapping")
+                problems.append(((key,), message))
+        if problems:
+            raise _Problems(*problems)
+        return engine_args
+
+    @field_validator("max_batch_size")
+    @classmethod
+    def _batching_fits_backend(cls, size: int | None, info: ValidationInfo) -> int | None:
+        backend = info.data.get("backend")
+        if backend in ENGINE_BATCHED_BACKENDS and size not in (None, 0):
+            raise ValueError(f"must be 0 for backend {backend} (got {size}): its engine batches "
+                             "requests continuously, so Triton hands them over one by one; "
+                             "remove the key or set 0")
+        return size
+
+
+def _check_stage_name(name: str) -> str:
+    if not STAGE_NAME_RE.fullmatch(name):
+        raise ValueError("stage name must match [A-Za-z0-9_-]+ (it becomes the Triton model name)")
+    return name
+
+
+StageName = Annotated[str, AfterValidator(_check_stage_name)]
+
+
+class PipelineSpec(_Strict):
+    """A whole pipeline: its stages (key = Triton model name) and the entry stage."""
+
+    pipeline: str
+    description: str | None = None
+    stages: dict[StageName, StageSpec]
+    entry: str | None = None
+
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _source: str = PrivateAttr(default="<spec>")
+
+    @property
+    def base_dir(self) -> Path:
+        """Folder relative model paths are resolved against (the spec file's folder)."""
+        return self._base_dir
+
+    @property
+    def source(self) -> str:
+        """Where the spec came from (file path or `preset <name>`), for messages."""
+        return self._source
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_name(cls, name: str) -> str:
+        if not PIPELINE_NAME_RE.fullmatch(name):
+            raise ValueError(f"must match [a-z0-9-]+ (lowercase letters, digits, '-'), "
+                             f"got {name!r}")
+        return name
+
+    @field_validator("stages")
+    @classmethod
+    def _some_stages(cls, stages: dict[str, StageSpec]) -> dict[str, StageSpec]:
+        if not stages:
+            raise ValueError("at least one stage is required")
+        return stages
+
+    @model_validator(mode="after")
+    def _entry_is_a_stage(self) -> PipelineSpec:
+        names = ", ".join(self.stages)
+        if self.entry is None:
+            if len(self.stages) != 1:
+                raise _Problems((("entry",), f"required with several stages; one of: {names}"))
+            self.entry = next(iter(self.stages))
+        elif self.entry not in self.stages:
+            raise _Problems((("entry",), f"no stage named {self.entry!r}; stages: {names}"))
+        return self
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    context = info.context or {}
+    return Path(context.get("base_dir") or Path.cwd())
+
+
+def _unknown_engine_arg(key: str, known: frozenset[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+    if len(close) == 1:
+        return f"unknown vLLM engine argument; did you mean {close[0]}?"
+    if close:
+        return f"unknown vLLM engine argument; did you mean one of: {', '.join(close)}?"
+    return ("unknown vLLM engine argument; allowed: the fields of "
+            "vllm.engine.arg_utils.AsyncEngineArgs (except model)")
+
+
+# --- ValidationError -> readable lines -----------------------------------------
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The spec model class that validates the mapping at `loc`, if any."""
+    ann: Any = PipelineSpec
+    for part in loc:
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            field = ann.model_fields.get(str(part))
+            if field is None:
+                return None
+            ann = field.annotation
+        elif get_origin(ann) is dict:
+            ann = get_args(ann)[1]
+        else:
+            return None
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _error_lines(error: dict[str, Any]) -> list[str]:
+    loc = tuple(error["loc"])
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _Problems):
+        return [f"{_dotted(loc + sub)}: {message}" for sub, message in cause.problems]
+    kind, msg = error["type"], error["msg"]
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        allowed = ", ".join(model.model_fields) if model else "?"
+        return [f"{_dotted(loc)}: unknown key; allowed keys here: {allowed}"]
+    if kind == "missing":
+        return [f"{_dotted(loc)}: required key is missing"]
+    msg = msg.removeprefix("Value error, ")
+    if loc and loc[-1] == "[key]":
+        return [f"{_dotted(loc[:-1])}: {msg}"]
+    if kind == "value_error":
+        return [f"{_dotted(loc)}: {msg}"]
+    if kind == "model_type":
+        return [f"{_dotted(loc)}: must be a mapping (got {_short(error['input'])})"]
+    return [f"{_dotted(loc)}: {msg} (got {_short(error['input'])})"]
+
+
+# --- loading -------------------------------------------------------------------
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_spec(data: Any, *, base_dir: Path | None = None, source: str = "<spec>") -> PipelineSpec:
+    """Validate already-parsed spec data; raises SpecError listing every problem."""
+    if not isinstance(data, Mapping):
+        message = f"the spec must be a mapping (pipeline, stages, ...), not {type(data).__name__}"
+        raise SpecError(source, [message])
+    base_dir = (base_dir or Path.cwd()).resolve()
+    try:
+        spec = PipelineSpec.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as e:
+        problems = [line for err in e.errors() for line in _error_lines(err)]
+        raise SpecError(source, problems) from None
+    spec._base_dir = base_dir
+    spec._source = source
+    return spec
+
+
+def load_spec(path: str | os.PathLike[str]) -> PipelineSpec:
+    """Read and validate a spec file; relative model paths are relative to its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(str(path), [f"cannot read the spec: {e.strerror or e}"]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), [_yaml_problem(e)]) from None
+    return parse_spec(data, base_dir=path.parent, source=str(path))
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    what = " ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p)
+    return f"{where}invalid YAML: {what or e}"
+
+
+def list_presets() -> list[str]:
+    """Names of the specs shipped in model_repository/specs/."""
+    return sorted(p.stem for p in SPECS_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> PipelineSpec:
+    """Load model_repository/specs/<name>.yaml; unknown names list the presets."""
+    presets = list_presets()
+    if name not in presets:
+        message = f"unknown preset {name!r}; presets: {', '.join(presets) or '(none)'}"
+        raise SpecError(f"preset {name}", [message])
+    spec = load_spec(SPECS_DIR / f"{name}.yaml")
+    spec._source = f"preset {name}"
+    return spec

