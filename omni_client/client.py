@@ -75,10 +75,11 @@ class OmniClient:
         verbose: let tritonclient print its requests and responses.
         strict_stream_errors: send the `triton_grpc_error` stream header so
             error responses carry their gRPC code (e.g. INVALID_ARGUMENT)
-            instead of a status-less message. Triton before 2.68 can crash
-            in this mode when a decoupled model sends its FINAL flag after
-            (not with) an error response (server PR #8708), so it is off by
-            default.
+            instead of a status-less message. Off by default: Triton before
+            2.68 (server PR #8708) segfaults in this mode when a decoupled
+            model sends an error response and its FINAL flag in two sends
+            (seen with 2.51); enable it only when every stage sends errors
+            with the FINAL flag.
         client_factory: makes tritonclient gRPC clients from (url, verbose);
             tests inject fakes here.
 
@@ -260,7 +261,11 @@ class OmniClient:
                 self.model, inputs, outputs=_llm_io.requested_outputs(),
                 request_id=request_id, enable_empty_final_response=True)
         except InferenceServerException as exc:
-            raise from_triton(exc) from exc
+            # A stream that broke before the request was queued (e.g. nothing
+            # listening) makes tritonclient refuse the request with a generic
+            # message; the real error is already on the queue.
+            cause = _queued_error(responses) or exc
+            raise from_triton(cause) from cause
 
     def _next_result(
         self, responses: queue.Queue, wait_s: float | None, request_id: str
@@ -333,6 +338,14 @@ class OmniClient:
         merged = _llm_io.merge_sampling_parameters(
             sampling_parameters, max_tokens=max_tokens, temperature=temperature)
         return _llm_io.build_inputs(prompt, stream=stream, sampling_parameters=merged)
+
+
+def _queued_error(responses: queue.Queue) -> InferenceServerException | None:
+    try:
+        _result, error = responses.get_nowait()
+    except queue.Empty:
+        return None
+    return error
 
 
 def _last(values: Iterator[Any]) -> Any:

@@ -16,7 +16,10 @@ Where the status comes from:
   arrives. The stream then stays open;
 - with the `triton_grpc_error: true` stream header (Triton >= 24.09) the
   server instead closes the stream with the real gRPC code, which arrives as
-  a broken-stream error above.
+  a broken-stream error above (see OmniClient's strict_stream_errors).
+
+A stage that wants its code to survive the default path can start the
+message with a tag: "[INVALID_ARG] max_tokens must be positive".
 
 For a None status the mapper reads a leading "[CODE] " tag (what
 `str(InferenceServerException)` writes, so errors forwarded by a BLS model

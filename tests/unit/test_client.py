@@ -88,6 +88,7 @@ class FakeTritonClient:
         self.stop_calls: list[bool] = []
         self.closed = False
         self.start_error: InferenceServerException | None = None
+        self.send_error: InferenceServerException | None = None
         self.live = True
         self.ready = True
         self.live_error: InferenceServerException | None = None
@@ -104,6 +105,8 @@ class FakeTritonClient:
         self.requests.append({"model_name": model_name, "inputs": inputs, **kwargs})
         for result, error in self.events:
             self.callback(result=result, error=error)
+        if self.send_error is not None:
+            raise self.send_error
 
     def stop_stream(self, cancel_requests=False) -> None:
         self.stop_calls.append(cancel_requests)
@@ -192,10 +195,10 @@ def test_triton_core_code_names_are_understood_too():
     ("[StatusCode.INVALID_ARGUMENT] max_tokens must be positive", BadRequestError),
     ("[INVALID_ARG] bad json in sampling_parameters", BadRequestError),
     ("[UNAVAILABLE] stage llm is restarting", UnavailableError),
-    ("[request id: 7] unexpected shape for input 'text_input' for model 'llm'. "
-     "Expected [1], got [2]", BadRequestError),
-    ("[request id: <id_unknown>] expected number of inputs between 1 and 7 but got 0 inputs "
-     "for model 'llm'", BadRequestError),
+    (("[request id: 7] unexpected shape for input 'text_input' for model 'llm'. "
+     "Expected [1], got [2]"), BadRequestError),
+    (("[request id: <id_unknown>] expected number of inputs between 1 and 7 but got 0 inputs "
+     "for model 'llm'"), BadRequestError),
     ("Request for unknown model: 'nope' is not found", BadRequestError),
     ("Request for unknown model: 'llm' has no available versions", UnavailableError),
     ("Request was cancelled", CancelledError),
@@ -444,6 +447,20 @@ def test_a_stream_that_cannot_start_raises_the_mapped_error():
     with pytest.raises(UnavailableError):
         client.generate("hi")
     assert fake.stop_calls == [True]
+
+
+def test_a_stream_that_broke_before_the_request_was_queued_raises_the_callbacks_error():
+    # tritonclient refuses the request with a generic message once its
+    # handler thread has seen the stream fail; the real error is in the callback.
+    fake = FakeTritonClient([(None, InferenceServerException(
+        msg="failed to connect to all addresses", status="StatusCode.UNAVAILABLE"))])
+    fake.send_error = InferenceServerException(
+        "The stream is no longer in valid state, the error detail is reported through "
+        "provided callback.")
+    client, _ = omni_client(fake)
+
+    with pytest.raises(UnavailableError, match="failed to connect"):
+        client.generate("hi")
 
 
 def test_strict_stream_errors_sends_the_triton_grpc_error_header():

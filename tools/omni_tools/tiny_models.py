@@ -532,7 +532,7 @@ def _qwen2_config(tokenizer: PreTrainedTokenizerBase, **shape: Any) -> PreTraine
         rms_norm_eps=1e-6,
         use_sliding_window=False,
         max_window_layers=shape["num_hidden_layers"],
-        tie_word_embeddings=True,
+        tie_word_embeddings=shape.pop("tie_word_embeddings", True),
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         dtype="float32",  # vLLM on CPU then loads fp32 (it reads config.dtype)
         **_special_ids(tokenizer),
@@ -542,7 +542,7 @@ def _qwen2_config(tokenizer: PreTrainedTokenizerBase, **shape: Any) -> PreTraine
     return config
 
 
-@register("qwen2-tiny", version=1, description="Qwen2, hidden 128, 2 layers, head_dim 64")
+@register("qwen2-tiny", version=2, description="Qwen2, hidden 128, 2 layers, head_dim 64")
 def _build_qwen2_tiny(out: Path) -> None:
     """Qwen2ForCausalLM, hidden 128, 2 layers, 2 heads of 64, 1 KV head (GQA)."""
     max_len = 4096
@@ -555,6 +555,11 @@ def _build_qwen2_tiny(out: Path) -> None:
         num_key_value_heads=1,
         intermediate_size=256,
         max_position_embeddings=max_len,
+        # Untied head and a wide init: greedy output varies from token to token
+        # instead of echoing the last prompt token, so text comparisons in
+        # tests mean something.
+        tie_word_embeddings=False,
+        initializer_range=0.5,
     )
     _save_causal_lm(out, config, tokenizer)
 

@@ -175,7 +175,11 @@ class LLMStage:
         except RequestError as e:
             sink.fail(e)
         except (VLLMClientError, ValueError) as e:
-            sink.fail(sampling.client_error(e, "text_input"))
+            param = getattr(e, "parameter", None)
+            if param in sampling.settable_fields():
+                sink.fail(sampling.client_error(e, sampling.FIELD))
+            else:  # about the prompt (too long, bad tokens)
+                sink.fail(RequestError("text_input", str(e.args[0] if e.args else e)))
         except asyncio.CancelledError:
             await self.engine.abort(req.request_id)
             raise

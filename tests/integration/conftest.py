@@ -1,0 +1,33 @@
+"""Session-scoped real tritonserver for the integration tests.
+
+One server per preset per test session (a vLLM engine takes ~20 s to
+start); free ports; always stopped, logs kept under the pytest tmp dir.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from omni_tools import gen_repo
+from omni_tools.server import TritonServer
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _serve(preset: str, tmp_path_factory) -> TritonServer:
+    root = tmp_path_factory.mktemp(preset)
+    repo = root / "repo"
+    assert gen_repo.main(["--preset", preset, "-o", str(repo)]) in (0, None)
+    return TritonServer(repo, log_path=root / "tritonserver.log")
+
+
+@pytest.fixture(scope="session")
+def text_chat_server(tmp_path_factory):
+    server = _serve("text-chat", tmp_path_factory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        print(f"\ntritonserver log: {server.log_path}")
