@@ -75,11 +75,12 @@ class OmniClient:
         verbose: let tritonclient print its requests and responses.
         strict_stream_errors: send the `triton_grpc_error` stream header so
             error responses carry their gRPC code (e.g. INVALID_ARGUMENT)
-            instead of a status-less message. Off by default: Triton before
-            2.68 (server PR #8708) segfaults in this mode when a decoupled
-            model sends an error response and its FINAL flag in two sends
-            (seen with 2.51); enable it only when every stage sends errors
-            with the FINAL flag.
+            instead of a status-less message. On by default: every omni
+            stage sends an error response together with its FINAL flag
+            (omni_serve.tritonio.ResponseSender). Turn it off for other
+            decoupled models: Triton before 2.68 (server PR #8708) segfaults
+            in this mode when a model sends the error and the FINAL flag in
+            two sends (seen with 2.51).
         client_factory: makes tritonclient gRPC clients from (url, verbose);
             tests inject fakes here.
 
@@ -94,7 +95,7 @@ class OmniClient:
         timeout: float | None = 60.0,
         model: str = "llm",
         verbose: bool = False,
-        strict_stream_errors: bool = False,
+        strict_stream_errors: bool = True,
         client_factory: ClientFactory | None = None,
     ) -> None:
         self.url = url

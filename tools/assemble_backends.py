@@ -9,6 +9,7 @@ and the wrapper scripts .venv/bin/tritonserver and .venv/bin/perf_analyzer.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 import shutil
 import stat
@@ -33,15 +34,24 @@ def _libs_dir() -> Path:
     return Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs"
 
 
+def _install(src: Path, dst: Path) -> None:
+    """Copy src to dst unless identical; replace atomically (a running stub keeps its inode)."""
+    if dst.exists() and filecmp.cmp(src, dst, shallow=False):
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
 def _assemble_python_backend() -> None:
     src = _pytriton_root()
     dst = BACKEND_DIR / "python"
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        shutil.copy2(src / "backends" / "python" / name, dst / name)
+        _install(src / "backends" / "python" / name, dst / name)
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = src / "python_backend_stubs" / ver / "triton_python_backend_stub"
-    shutil.copy2(stub, dst / "triton_python_backend_stub")
+    _install(stub, dst / "triton_python_backend_stub")
 
 
 def _link_project_backends() -> None:

@@ -15,10 +15,10 @@ import time
 import numpy as np
 
 from omni_serve.contract import ENGINE_ARGS_FILE, LLM, LLM_CONTRACT
-from omni_serve.llm.request import LLMOutput, LLMRequest, parse_request
+from omni_serve.llm.request import LLMOutput, LLMRequest, merge_outputs, parse_request
 from omni_serve.llm.stage import LLMStage
-from omni_serve.tritonio import Metrics, ResponseSender, pb, read_inputs, request_parameters
-from omni_serve.tritonio import make_response, triton_error
+from omni_serve.tritonio import Metrics, Outbox, ResponseSender, make_response, pb, read_inputs
+from omni_serve.tritonio import request_parameters
 
 log = logging.getLogger("omni_llm")
 
@@ -35,7 +35,7 @@ class _TritonMetrics:
                                  "Time from request arrival to the first generated token",
                                  _LATENCY_BUCKETS)
         self._tpot = m.histogram("omni_llm_time_per_output_token_seconds",
-                                 "Time between generated tokens", _LATENCY_BUCKETS)
+                                 "Per request: decode time / (output tokens - 1)", _LATENCY_BUCKETS)
         self._prompt = m.counter("omni_llm_prompt_tokens_total", "Prompt tokens processed")
         self._gen = m.counter("omni_llm_generation_tokens_total", "Tokens generated")
         self._running = m.gauge("omni_llm_engine_running_requests",
@@ -59,24 +59,18 @@ class _TritonMetrics:
 
 
 class _Sink:
-    """LLMStage Sink over one Triton response sender."""
+    """LLMStage Sink over one Triton response sender (deltas coalesce when it lags)."""
 
-    __slots__ = ("_sender", "_responses", "_req")
+    __slots__ = ("_outbox",)
 
-    def __init__(self, sender: ResponseSender, response_sender, req: LLMRequest):
-        self._sender = sender
-        self._responses = response_sender
-        self._req = req
+    def __init__(self, outbox: Outbox):
+        self._outbox = outbox
 
     def send(self, output: LLMOutput) -> None:
-        self._sender.put(self._responses, lambda: _response(self._req, output), output.final)
+        self._outbox.push(output)
 
     def fail(self, error: Exception) -> None:
-        self._sender.put(self._responses,
-                         lambda: pb().InferenceResponse(error=triton_error(error)), True)
-
-    def is_cancelled(self) -> bool:
-        return self._responses.is_cancelled()
+        self._outbox.fail(error)
 
 
 def _response(req: LLMRequest, out: LLMOutput):
@@ -116,10 +110,13 @@ class TritonPythonModel:
                 req = parse_request(request_id, read_inputs(request, LLM_CONTRACT),
                                     request_parameters(request))
             except Exception as e:
-                self.sender.put(response_sender,
-                                lambda e=e: pb().InferenceResponse(error=triton_error(e)), True)
+                self.sender.send_error(response_sender, e)
                 continue
-            self.stage.submit(req, _Sink(self.sender, response_sender, req), arrival)
+            outbox = Outbox(self.sender, response_sender,
+                            merge=lambda outs, req=req: (_response(req, merge_outputs(outs)),
+                                                         outs[-1].final),
+                            on_cancel=lambda rid=request_id: self.stage.abort(rid))
+            self.stage.submit(req, _Sink(outbox), arrival)
         return None
 
     def finalize(self):

@@ -11,6 +11,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -69,39 +70,140 @@ def make_response(tensors: dict[str, np.ndarray]):
         output_tensors=[pb_utils.Tensor(name, arr) for name, arr in tensors.items()])
 
 
-class ResponseSender:
-    """Sends decoupled responses from its own thread, in submission order.
+class Outbox:
+    """One request's pending responses; the stage pushes, the sender thread flushes.
 
-    The engine loop only enqueues (sender, build, final); `build` turns the
-    stage's output into a pb_utils.InferenceResponse (or None for a bare
-    final flag) on this thread. A send to a cancelled or vanished request is
-    logged and dropped: the client is gone, the stage goes on.
+    While a request waits in the sender's queue, further items pile up here
+    and are handed to `merge` together, so a busy sender sends one response
+    carrying several deltas instead of falling further behind. `on_cancel`
+    runs (on the sender thread) when the client cancels the request.
     """
 
-    def __init__(self, name: str):
+    __slots__ = ("response_sender", "on_cancel", "_merge", "_items", "_lock", "_queued",
+                 "_sender")
+
+    def __init__(self, sender: ResponseSender, response_sender,
+                 merge: Callable[[list[Any]], tuple[Any, bool]],
+                 on_cancel: Callable[[], None] | None = None):
+        self.response_sender = response_sender
+        self.on_cancel = on_cancel
+        self._sender = sender
+        self._merge = merge
+        self._items: list[Any] = []
+        self._lock = threading.Lock()
+        self._queued = False
+        if on_cancel is not None:
+            sender.watch(self)
+
+    def push(self, item: Any) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._queued:
+                return
+            self._queued = True
+        self._sender.enqueue(self)
+
+    def fail(self, exc: Exception) -> None:
+        self.push(exc)
+
+    def take(self) -> list[Any]:
+        with self._lock:
+            items, self._items = self._items, []
+            self._queued = False
+        return items
+
+    def build(self, items: list[Any]) -> tuple[Any, bool]:
+        """(response, final) for what was pending; an error ends the request."""
+        errors = [i for i in items if isinstance(i, Exception)]
+        if errors:
+            return pb().InferenceResponse(error=triton_error(errors[0])), True
+        return self._merge(items)
+
+
+class ResponseSender:
+    """The one thread that talks to Triton's response senders of a model instance.
+
+    The engine loop only pushes into an Outbox; this thread builds the
+    pb_utils responses and sends them, so a slow client or a busy stub never
+    stalls the engine. Errors go out with the FINAL flag in the same send
+    (Triton < 2.68 can crash when they come apart under triton_grpc_error).
+    It also polls watched requests for client cancellation: doing both on
+    one thread guarantees `is_cancelled()` is never called on a request
+    whose FINAL response was sent (Triton frees it then; calling it
+    afterwards segfaults the server).
+    """
+
+    def __init__(self, name: str, cancel_poll_s: float = 0.1):
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._watched: set[Outbox] = set()
+        self._watched_lock = threading.Lock()
+        self._poll_s = cancel_poll_s
         self._thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
         self._thread.start()
 
-    def put(self, response_sender, build: Callable[[], Any], final: bool) -> None:
-        self._q.put((response_sender, build, final))
+    def enqueue(self, outbox: Outbox) -> None:
+        self._q.put(outbox)
+
+    def watch(self, outbox: Outbox) -> None:
+        with self._watched_lock:
+            self._watched.add(outbox)
+
+    def _unwatch(self, outbox: Outbox) -> None:
+        with self._watched_lock:
+            self._watched.discard(outbox)
+
+    def send_error(self, response_sender, exc: Exception) -> None:
+        """Answer a request that never reached the stage with its error."""
+        Outbox(self, response_sender, merge=lambda items: (None, True)).fail(exc)
 
     def _run(self) -> None:
-        pb_utils = pb()
-        final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        final_flag = pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        next_poll = time.monotonic() + self._poll_s
         while True:
-            item = self._q.get()
-            if item is None:
-                return
-            response_sender, build, final = item
             try:
-                response = build()
-                if response is None:
-                    response_sender.send(flags=final_flag)
-                else:
-                    response_sender.send(response, flags=final_flag if final else 0)
-            except Exception as e:  # client gone / cancelled: nothing left to tell it
-                log.debug("dropping a response: %s", e)
+                outbox = self._q.get(timeout=self._poll_s)
+            except queue.Empty:
+                outbox = False
+            if outbox is None:
+                return
+            if outbox:
+                self._flush(outbox, final_flag)
+            if time.monotonic() >= next_poll:
+                self._poll_cancellations()
+                next_poll = time.monotonic() + self._poll_s
+
+    def _flush(self, outbox: Outbox, final_flag: int) -> None:
+        items = outbox.take()
+        if not items:
+            return
+        final = True
+        try:
+            response, final = outbox.build(items)
+            flags = final_flag if final else 0
+            if response is None:
+                outbox.response_sender.send(flags=flags)
+            else:
+                outbox.response_sender.send(response, flags=flags)
+        except Exception as e:  # client gone / cancelled: nothing left to tell it
+            log.debug("dropping a response: %s", e)
+        finally:
+            if final:
+                self._unwatch(outbox)
+
+    def _poll_cancellations(self) -> None:
+        with self._watched_lock:
+            watched = list(self._watched)
+        for outbox in watched:
+            try:
+                cancelled = outbox.response_sender.is_cancelled()
+            except Exception:
+                cancelled = True
+            if cancelled:
+                self._unwatch(outbox)
+                try:
+                    outbox.on_cancel()
+                except Exception:
+                    log.exception("cancel callback failed")
 
     def close(self) -> None:
         self._q.put(None)

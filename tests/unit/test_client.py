@@ -465,8 +465,8 @@ def test_a_stream_that_broke_before_the_request_was_queued_raises_the_callbacks_
 
 def test_strict_stream_errors_sends_the_triton_grpc_error_header():
     plain, strict = FakeTritonClient(STREAMED), FakeTritonClient(STREAMED)
-    list(omni_client(plain)[0].generate_stream("hi"))
-    list(omni_client(strict, strict_stream_errors=True)[0].generate_stream("hi"))
+    list(omni_client(plain, strict_stream_errors=False)[0].generate_stream("hi"))
+    list(omni_client(strict)[0].generate_stream("hi"))
 
     assert plain.headers is None
     assert strict.headers == {"triton_grpc_error": "true"}

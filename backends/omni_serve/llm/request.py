@@ -44,6 +44,16 @@ class LLMOutput:
     final: bool
 
 
+def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
+    """Several consecutive deltas of one request as one (texts joined, last counts)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return LLMOutput(text="".join(o.text for o in outputs), finish_reason=last.finish_reason,
+                     num_input_tokens=last.num_input_tokens,
+                     num_output_tokens=last.num_output_tokens, final=last.final)
+
+
 def _scalar(name: str, arr: np.ndarray | None) -> Any:
     if arr is None:
         return None

@@ -5,10 +5,9 @@ Threads in the stub process:
 - the engine thread owns an asyncio loop with the AsyncLLM client; one task
   per request renders the prompt, iterates `generate()` and hands each
   output to the request's `Sink`;
-- the adapter's sender thread (see backends/omni_llm/model.py) turns
-  outputs into Triton responses, so a slow client never stalls the loop;
-- a watchdog thread polls sinks for client cancellation and aborts those
-  requests in the engine.
+- the adapter's sender thread (omni_serve.tritonio.ResponseSender) turns
+  outputs into Triton responses, so a slow client never stalls the loop,
+  and calls `abort()` when a client cancels.
 Tokens flow engine core process -> AsyncLLM (this loop) -> Sink -> sender.
 """
 from __future__ import annotations
@@ -31,7 +30,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "disable_log_stats": True,  # our stat logger still receives the stats
 }
-CANCEL_POLL_S = 0.05
 
 
 class Sink(Protocol):
@@ -39,7 +37,6 @@ class Sink(Protocol):
 
     def send(self, output: LLMOutput) -> None: ...
     def fail(self, error: Exception) -> None: ...
-    def is_cancelled(self) -> bool: ...
 
 
 class StageMetrics(Protocol):
@@ -92,8 +89,6 @@ class LLMStage:
         self._live: dict[str, tuple[Sink, Future]] = {}
         self._live_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch_cancellations,
-                                          name=f"{name}-cancel-watch", daemon=True)
         self.max_model_len: int | None = None
 
     # --- lifecycle ---------------------------------------------------------------
@@ -101,7 +96,6 @@ class LLMStage:
         """Start the loop and the engine (blocks until the engine is ready)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start_engine(), self._loop).result()
-        self._watchdog.start()
 
     async def _start_engine(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
@@ -189,7 +183,8 @@ class LLMStage:
 
     async def _stream(self, req: LLMRequest, sink: Sink, params, engine_input,
                       arrival: float) -> None:
-        first_at = last_at = None
+        first_at: float | None = None
+        last_at = 0.0
         n_out = 0
         n_in = 0
         async for out in self.engine.generate(engine_input, params, req.request_id):
@@ -200,8 +195,6 @@ class LLMStage:
             if first_at is None and new_tokens:
                 first_at = now
                 self.metrics.time_to_first_token(now - arrival)
-            elif new_tokens and last_at is not None:
-                self.metrics.time_per_output_token((now - last_at) / new_tokens)
             last_at = now
             n_out = n_out + new_tokens if req.stream else new_tokens
             text = comp.text
@@ -211,18 +204,5 @@ class LLMStage:
                                 num_input_tokens=n_in, num_output_tokens=n_out,
                                 final=out.finished))
         self.metrics.tokens(n_in, n_out)
-
-    # --- cancellation ------------------------------------------------------------
-    def _watch_cancellations(self) -> None:
-        while not self._stopping.wait(CANCEL_POLL_S):
-            with self._live_lock:
-                live = list(self._live.items())
-            for request_id, (sink, _) in live:
-                try:
-                    cancelled = sink.is_cancelled()
-                except Exception:  # the request is gone already
-                    cancelled = True
-                if cancelled:
-                    log.info("[%s] request %s cancelled by client; aborting", self.name, request_id)
-                    self.abort(request_id)
-                    self._forget(request_id)
+        if first_at is not None and n_out > 1:  # vLLM's definition: decode time / (n - 1)
+            self.metrics.time_per_output_token((last_at - first_at) / (n_out - 1))
