@@ -44,10 +44,41 @@ class Run:
     tokens: int
     wall_s: float
     ttft_s: list[float] = field(default_factory=list)
+    cores: dict[str, float] = field(default_factory=dict)  # CPU-seconds / wall, per process
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.wall_s
+
+
+_KINDS = (("VLLM::Worker", "vllm worker"), ("VLLM::EngineCor", "vllm engine core"),
+          ("triton_python_backend_stub", "python stub"), ("tritonserver", "tritonserver"))
+
+
+def cpu_snapshot() -> dict[str, float]:
+    """CPU-seconds so far of this process tree, by role (perf_analyzer via RUSAGE_CHILDREN)."""
+    import resource
+
+    import psutil
+
+    me = psutil.Process()
+    out = {"client (this process)": sum(me.cpu_times()[:2])}
+    for p in me.children(recursive=True):
+        try:
+            name = " ".join(p.cmdline()) or p.name()
+            t = sum(p.cpu_times()[:2])
+        except psutil.Error:
+            continue
+        kind = next((k for pat, k in _KINDS if pat in name), "other")
+        out[kind] = out.get(kind, 0.0) + t
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["perf_analyzer (exited children)"] = ru.ru_utime + ru.ru_stime
+    return out
+
+
+def cores_used(before: dict, after: dict, wall: float) -> dict[str, float]:
+    return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after
+            if after[k] - before.get(k, 0.0) > 0.01 * wall}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -108,7 +139,9 @@ def perf_analyzer_level(url: str, concurrency: int, n_requests: int, max_tokens:
            "--concurrency-range", str(concurrency), "--measurement-mode", "count_windows",
            "--measurement-request-count", str(n_requests), "-s", "1000", "-r", "4",
            "--profile-export-file", str(export)]
+    t0, cpu0 = time.perf_counter(), cpu_snapshot()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cores = cores_used(cpu0, cpu_snapshot(), time.perf_counter() - t0)
     if proc.returncode != 0 or not export.exists():
         raise RuntimeError(f"perf_analyzer failed ({proc.returncode}): {proc.stdout[-2000:]}"
                            f"{proc.stderr[-2000:]}")
@@ -118,6 +151,7 @@ def perf_analyzer_level(url: str, concurrency: int, n_requests: int, max_tokens:
     end = max(r["response_timestamps"][-1] for r in reqs)
     run = Run("triton", concurrency, len(reqs) * max_tokens, (end - start) / 1e9)
     run.ttft_s = [(r["response_timestamps"][0] - r["timestamp"]) / 1e9 for r in reqs]
+    run.cores = cores
     return run
 
 
@@ -136,9 +170,10 @@ async def level(side: str, concurrency: int, n_requests: int, max_tokens: int, o
         if ctx is not None:
             await ctx.close()
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_snapshot()
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
     run.wall_s = time.perf_counter() - t0
+    run.cores = cores_used(cpu0, cpu_snapshot(), run.wall_s)
     return run
 
 
@@ -177,7 +212,7 @@ async def _levels(name: str, side: str, one, args, rnd: int, runs: list[Run]) ->
         run = await level(side, c, max(args.min_requests, 2 * c), args.max_tokens, one)
         runs.append(run)
         print(f"[{name}] round={rnd} c={c:<3} {side:9s} {run.tok_s:8.1f} tok/s "
-              f"ttft p50 {pct(run.ttft_s, 50) * 1e3:7.1f} ms", flush=True)
+              f"ttft p50 {pct(run.ttft_s, 50) * 1e3:7.1f} ms  cores {run.cores}", flush=True)
 
 
 async def _inprocess_phase(name, engine_args, args, rnd, runs):
@@ -200,7 +235,7 @@ def _triton_phase(name, repo, workdir, args, rnd, runs):
                                       args.max_tokens, workdir)
             runs.append(run)
             print(f"[{name}] round={rnd} c={c:<3} triton    {run.tok_s:8.1f} tok/s "
-                  f"ttft p50 {pct(run.ttft_s, 50) * 1e3:7.1f} ms", flush=True)
+                  f"ttft p50 {pct(run.ttft_s, 50) * 1e3:7.1f} ms  cores {run.cores}", flush=True)
     finally:
         server.stop()
 
@@ -248,6 +283,22 @@ def bench_model(name: str, args, workdir: Path) -> dict:
             "runs": [asdict(r) | {"tok_s": r.tok_s} for r in runs]}
 
 
+def to_markdown(report: dict) -> str:
+    """The figures of a results JSON as a markdown table (for docs/benchmarks.md)."""
+    lines = ["| model | concurrency | in-process tok/s | triton tok/s | ratio (per round) "
+             "| TTFT p50 in-proc / triton ms | extra TTFT p50 / p99 ms |",
+             "|---|---:|---:|---:|---|---|---|"]
+    for res in report["results"]:
+        for c, lv in res["levels"].items():
+            rounds = ", ".join(f"{r:.2f}" for r in lv["throughput_ratio_per_round"])
+            lines.append(
+                f"| {res['model']} | {c} | {lv['inprocess']['tok_s']:.0f} | "
+                f"{lv['triton']['tok_s']:.0f} | **{lv['throughput_ratio']:.2f}** ({rounds}) | "
+                f"{lv['inprocess']['ttft_p50_ms']:.1f} / {lv['triton']['ttft_p50_ms']:.1f} | "
+                f"{lv['extra_ttft_p50_ms']:+.1f} / {lv['extra_ttft_p99_ms']:+.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["qwen2-tiny", "qwen2.5-0.5b-random"])
@@ -257,7 +308,11 @@ def main(argv=None) -> int:
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--out", default="docs/benchmarks/llm_stage.json")
     ap.add_argument("--no-pin", action="store_true", help="leave CPU placement to the OS")
+    ap.add_argument("--report", metavar="JSON", help="only print the table of a results file")
     args = ap.parse_args(argv)
+    if args.report:
+        print(to_markdown(json.loads(Path(args.report).read_text())))
+        return 0
     placement = {} if args.no_pin else pin_cores()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as d:
@@ -267,6 +322,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]),
                                "placement": placement, "results": results}, indent=2))
+    print(to_markdown(json.loads(out.read_text())))
     for res in results:
         print(f"\n{res['model']}: throughput ratio (triton / in-process), extra TTFT")
         for c, lv in res["levels"].items():

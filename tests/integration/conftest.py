@@ -6,10 +6,12 @@ start); free ports; always stopped, logs kept under the pytest tmp dir.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from omni_tools import gen_repo
 from omni_tools.server import TritonServer
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -18,7 +20,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 def _serve(preset: str, tmp_path_factory) -> TritonServer:
     root = tmp_path_factory.mktemp(preset)
     repo = root / "repo"
-    assert gen_repo.main(["--preset", preset, "-o", str(repo)]) in (0, None)
+    # The user's path: the venv's console script, then the venv's tritonserver.
+    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
+    subprocess.run([str(cli), "--preset", preset, "-o", str(repo)], check=True, timeout=600)
     return TritonServer(repo, log_path=root / "tritonserver.log")
 
 

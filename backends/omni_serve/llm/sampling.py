@@ -74,7 +74,8 @@ def parse_json(text: str | bytes | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RequestError(FIELD, f"invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+        where = f"at line {e.lineno} column {e.colno}"
+        raise RequestError(FIELD, f"invalid JSON ({e.msg} {where})") from e
     if not isinstance(value, dict):
         raise RequestError(FIELD, f"must be a JSON object, got {type(value).__name__}")
     return value

@@ -1,0 +1,148 @@
+"""Request parsing and sampling-parameter coercion of the omni_llm stage (no server)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from omni_serve.contract import LLM
+from omni_serve.errors import RequestError
+from omni_serve.llm import sampling
+from omni_serve.llm.request import LLMOutput, merge_outputs, parse_request
+
+
+def tensors(prompt="hi", **extra):
+    out = {LLM.TEXT_INPUT: np.array([prompt.encode()], dtype=object)}
+    for k, v in extra.items():
+        out[k] = np.array([v.encode() if isinstance(v, str) else v],
+                          dtype=object if isinstance(v, str) else None)
+    return out
+
+
+# --- coercion ------------------------------------------------------------------
+@pytest.mark.parametrize("field,raw,expected", [
+    ("temperature", "0.7", 0.7),
+    ("temperature", 1, 1.0),
+    ("max_tokens", "5", 5),
+    ("max_tokens", 5.0, 5),
+    ("top_k", "40", 40),
+    ("ignore_eos", "true", True),
+    ("ignore_eos", 0, False),
+    ("stop", "END", "END"),
+    ("stop", ["a", "b"], ["a", "b"]),
+    ("stop_token_ids", ["1", 2], [1, 2]),
+    ("logit_bias", {"50": -100}, {50: -100.0}),
+    ("seed", "123", 123),
+    ("seed", None, None),
+])
+def test_values_are_coerced_to_the_sampling_params_type(field, raw, expected):
+    out = sampling.coerce({field: raw})
+    assert out == {field: expected}
+    assert type(out[field]) is type(expected)
+
+
+@pytest.mark.parametrize("field,raw", [
+    ("max_tokens", "many"), ("max_tokens", 2.5), ("temperature", "hot"),
+    ("ignore_eos", "perhaps"), ("stop_token_ids", ["x"]),
+])
+def test_uncoercible_values_name_the_field_and_the_value(field, raw):
+    with pytest.raises(RequestError) as e:
+        sampling.coerce({field: raw})
+    assert e.value.field == f"sampling_parameters.{field}"
+    assert repr(raw) in str(e.value)
+
+
+def test_unknown_field_suggests_the_close_match_and_lists_the_allowed():
+    with pytest.raises(RequestError) as e:
+        sampling.coerce({"temprature": 0.5})
+    msg = str(e.value)
+    assert msg.startswith("sampling_parameters.temprature: unknown sampling parameter")
+    assert "did you mean temperature" in msg
+    assert "allowed: " in msg and "max_tokens" in msg
+
+
+@pytest.mark.parametrize("field", ["output_kind", "detokenize", "logprobs", "_all_stop_token_ids"])
+def test_fields_the_stage_owns_are_not_settable(field):
+    assert field not in sampling.settable_fields()
+    with pytest.raises(RequestError, match="unknown sampling parameter"):
+        sampling.coerce({field: 1})
+
+
+def test_vllm_range_checks_become_request_errors_naming_the_parameter():
+    with pytest.raises(RequestError) as e:
+        sampling.build({"max_tokens": -1}, stream=True)
+    assert e.value.field == "sampling_parameters.max_tokens"
+    assert "at least 1, got -1" in str(e.value)
+    with pytest.raises(RequestError, match="sampling_parameters.temperature"):
+        sampling.build({"temperature": -0.5}, stream=False)
+
+
+def test_n_other_than_one_is_rejected():
+    with pytest.raises(RequestError, match="only n=1"):
+        sampling.build({"n": 3}, stream=False)
+
+
+def test_stream_chooses_delta_or_final_only_output():
+    from vllm.sampling_params import RequestOutputKind
+
+    assert sampling.build({}, stream=True).output_kind == RequestOutputKind.DELTA
+    assert sampling.build({}, stream=False).output_kind == RequestOutputKind.FINAL_ONLY
+
+
+@pytest.mark.parametrize("raw,msg", [
+    ('{"max_tokens": 5', "invalid JSON"), ("[1]", "must be a JSON object"),
+    (b"\xff\xfe", "not valid UTF-8"),
+])
+def test_bad_json(raw, msg):
+    with pytest.raises(RequestError, match=msg):
+        sampling.parse_json(raw)
+
+
+def test_empty_json_is_no_parameters():
+    assert sampling.parse_json(b"") == {} and sampling.parse_json(None) == {}
+
+
+# --- request parsing -------------------------------------------------------------
+def test_parse_request_reads_tensors_and_flags():
+    req = parse_request("r1", tensors("hello", **{
+        LLM.STREAM: True, LLM.SAMPLING_PARAMETERS: json.dumps({"max_tokens": "7"}),
+        LLM.RETURN_FINISH_REASON: True}))
+    assert req.prompt == "hello" and req.stream is True
+    assert req.sampling == {"max_tokens": 7}
+    assert req.return_finish_reason and not req.return_num_input_tokens
+    assert req.exclude_input_in_output is False  # vllm_backend default
+
+
+def test_request_parameters_supply_flags_and_sampling_and_the_tensor_wins():
+    req = parse_request("r", tensors(**{LLM.SAMPLING_PARAMETERS: '{"max_tokens": 3}'}),
+                        {"stream": "true", "max_tokens": 9, "temperature": "0"})
+    assert req.stream is True
+    assert req.sampling == {"max_tokens": 3, "temperature": 0.0}
+
+
+def test_a_flag_tensor_wins_over_the_parameter():
+    req = parse_request("r", tensors(**{LLM.STREAM: False}), {"stream": True})
+    assert req.stream is False
+
+
+@pytest.mark.parametrize("inputs,params,field", [
+    ({LLM.TEXT_INPUT: None}, None, "text_input"),
+    ({LLM.TEXT_INPUT: np.array([b""], dtype=object)}, None, "text_input"),
+    ({LLM.TEXT_INPUT: np.array([b"a", b"b"], dtype=object)}, None, "text_input"),
+    ({LLM.TEXT_INPUT: np.array([b"\xff"], dtype=object)}, None, "text_input"),
+    (tensors(), {"stream": "maybe"}, "stream"),
+    (tensors(), {"bogus": 1}, "parameters.bogus"),
+])
+def test_bad_requests_name_their_field(inputs, params, field):
+    with pytest.raises(RequestError) as e:
+        parse_request("r", inputs, params)
+    assert e.value.field == field
+
+
+def test_merge_outputs_joins_text_and_keeps_the_last_counts():
+    outs = [LLMOutput("a", None, 3, 1, False), LLMOutput("b", None, 3, 2, False),
+            LLMOutput("c", "length", 3, 3, True)]
+    merged = merge_outputs(outs)
+    assert merged == LLMOutput("abc", "length", 3, 3, True)
+    assert merge_outputs(outs[:1]) is outs[0]
