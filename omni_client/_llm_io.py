@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from omni_serve.contract import LLM, LLM_CONTRACT, TensorSpec
 
 from omni_client.errors import BadRequestError
 from omni_client.types import TextDelta
+from omni_serve.contract import LLM, LLM_CONTRACT, TensorSpec
 
 # Triton protocol parameter (not a tensor) set on a decoupled model's last
 # response when the request asks for enable_empty_final_response.

@@ -18,8 +18,15 @@ import numpy as np
 from omni_serve.contract import ENGINE_ARGS_FILE, LLM, LLM_CONTRACT
 from omni_serve.llm.request import LLMOutput, LLMRequest, merge_outputs, parse_request
 from omni_serve.llm.stage import LLMStage
-from omni_serve.tritonio import Metrics, Outbox, ResponseSender, make_response, pb, read_inputs
-from omni_serve.tritonio import request_parameters
+from omni_serve.tritonio import (
+    Metrics,
+    Outbox,
+    ResponseSender,
+    make_response,
+    pb,
+    read_inputs,
+    request_parameters,
+)
 
 log = logging.getLogger("omni_llm")
 

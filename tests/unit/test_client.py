@@ -16,7 +16,6 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from omni_serve.contract import LLM, LLM_CONTRACT
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import (
     InferenceServerException,
@@ -37,6 +36,7 @@ from omni_client import (
     from_triton,
 )
 from omni_client._llm_io import FINAL_RESPONSE_PARAMETER
+from omni_serve.contract import LLM, LLM_CONTRACT
 
 # --- fakes -------------------------------------------------------------------------
 

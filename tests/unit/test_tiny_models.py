@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from omni_tools import tiny_models as tm
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from omni_tools import tiny_models as tm
 
 TINY = "qwen2-tiny"
 WEIGHTS = "model.safetensors"

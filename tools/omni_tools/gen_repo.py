@@ -30,8 +30,9 @@ from pathlib import Path
 
 import yaml
 from google.protobuf import json_format, text_format
-from omni_serve.contract import CONTRACTS, ENGINE_ARGS_FILE, TensorSpec
 from tritonclient.grpc import model_config_pb2
+
+from omni_serve.contract import CONTRACTS, ENGINE_ARGS_FILE, TensorSpec
 
 from .spec import (
     SPECS_DIR,

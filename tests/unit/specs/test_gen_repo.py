@@ -5,12 +5,13 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import yaml
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
 from omni_serve.contract import CONTRACTS, ENGINE_ARGS_FILE, LLM_CONTRACT
 from omni_tools import gen_repo
 from omni_tools import spec as spec_mod
@@ -23,49 +24,12 @@ from omni_tools.gen_repo import (
     main,
 )
 from omni_tools.spec import SpecError, load_preset, load_spec
-from tritonclient.grpc import model_config_pb2
 
 try:  # the real builder, kept before the autouse fixture below replaces it
     import omni_tools.tiny_models as REAL_TINY_MODELS
 except ImportError:
     REAL_TINY_MODELS = None
-REAL_ENGINE_ARG_NAMES = spec_mod.vllm_engine_arg_names
-FAKE_ENGINE_ARGS = frozenset({"model", "max_model_len", "enforce_eager", "max_num_seqs", "dtype"})
-
-
-@pytest.fixture(autouse=True)
-def fake_engine_args(monkeypatch):
-    """vLLM's AsyncEngineArgs field names without importing vLLM (seconds per import)."""
-    monkeypatch.setattr(spec_mod, "vllm_engine_arg_names", lambda: FAKE_ENGINE_ARGS)
-
-
-@pytest.fixture(autouse=True)
-def fake_tiny_models(monkeypatch, tmp_path_factory):
-    """A stand-in for omni_tools.tiny_models: `qwen2-tiny` is a folder with a config.json."""
-    root = tmp_path_factory.mktemp("tiny-cache")
-    module = types.ModuleType("omni_tools.tiny_models")
-    module.TINY_MODELS = {"qwen2-tiny": object()}
-    module.built = []
-
-    def ensure_model(name: str) -> Path:
-        module.built.append(name)
-        path = root / name
-        path.mkdir(exist_ok=True)
-        (path / "config.json").write_text("{}")
-        return path
-
-    module.ensure_model = ensure_model
-    monkeypatch.setitem(sys.modules, "omni_tools.tiny_models", module)
-    return module
-
-
-@pytest.fixture
-def model_dir(tmp_path) -> Path:
-    """A fake Hugging Face checkpoint directory."""
-    path = tmp_path / "checkpoints" / "chat-model"
-    path.mkdir(parents=True)
-    (path / "config.json").write_text("{}")
-    return path
+from .conftest import REAL_ENGINE_ARG_NAMES
 
 
 def stage_data(model: str = "tiny:qwen2-tiny", **extra) -> dict:

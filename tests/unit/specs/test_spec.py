@@ -1,56 +1,17 @@
 """Pipeline specs: what loads, and that every bad spec names the key and what is allowed."""
 from __future__ import annotations
 
-import sys
-import types
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
+
 from omni_serve.contract import CONTRACTS
 from omni_tools import spec as spec_mod
 from omni_tools.spec import SpecError, list_presets, load_preset, load_spec, parse_spec
 
-# The real lookup, kept before the autouse fixture below replaces it.
-REAL_ENGINE_ARG_NAMES = spec_mod.vllm_engine_arg_names
-FAKE_ENGINE_ARGS = frozenset({"model", "max_model_len", "enforce_eager", "max_num_seqs", "dtype",
-                              "tensor_parallel_size", "gpu_memory_utilization", "seed"})
-
-
-@pytest.fixture(autouse=True)
-def fake_engine_args(monkeypatch):
-    """vLLM's AsyncEngineArgs field names without importing vLLM (seconds per import)."""
-    monkeypatch.setattr(spec_mod, "vllm_engine_arg_names", lambda: FAKE_ENGINE_ARGS)
-
-
-@pytest.fixture(autouse=True)
-def fake_tiny_models(monkeypatch, tmp_path_factory):
-    """A stand-in for omni_tools.tiny_models that knows `qwen2-tiny` and builds nothing."""
-    root = tmp_path_factory.mktemp("tiny-cache")
-    module = types.ModuleType("omni_tools.tiny_models")
-    module.TINY_MODELS = {"qwen2-tiny": object()}
-    module.built = []
-
-    def ensure_model(name: str) -> Path:
-        module.built.append(name)
-        path = root / name
-        path.mkdir(exist_ok=True)
-        (path / "config.json").write_text("{}")
-        return path
-
-    module.ensure_model = ensure_model
-    monkeypatch.setitem(sys.modules, "omni_tools.tiny_models", module)
-    return module
-
-
-@pytest.fixture
-def model_dir(tmp_path) -> Path:
-    """A fake Hugging Face checkpoint directory."""
-    path = tmp_path / "checkpoints" / "chat-model"
-    path.mkdir(parents=True)
-    (path / "config.json").write_text("{}")
-    return path
+from .conftest import REAL_ENGINE_ARG_NAMES
 
 
 def base_spec(model: str = "tiny:qwen2-tiny") -> dict:
