@@ -90,7 +90,8 @@ class TritonPythonModel:
         with open(path) as f:
             engine_args = json.load(f)
         self._ids = itertools.count()
-        self.sender = ResponseSender(self.model_name)
+        self.sender = ResponseSender(
+            self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
         self.stage = LLMStage(engine_args, metrics=_TritonMetrics(self.model_name),
                               name=self.model_name)
         self.stage.start()
