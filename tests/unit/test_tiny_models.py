@@ -88,7 +88,7 @@ def test_loads_with_from_pretrained(tiny_path: Path, tokenizer) -> None:
     assert cfg.num_attention_heads == 2 and cfg.num_key_value_heads in (1, 2)
     assert cfg.head_dim == 64 == cfg.hidden_size // cfg.num_attention_heads
     assert cfg.intermediate_size == 256 and cfg.max_position_embeddings == 4096
-    assert cfg.tie_word_embeddings
+    assert not cfg.tie_word_embeddings  # untied head: greedy output varies (see recipe)
     assert cfg.vocab_size % 64 == 0 and len(tokenizer) <= cfg.vocab_size < len(tokenizer) + 64
     assert cfg.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.parameters())
