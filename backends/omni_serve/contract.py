@@ -6,7 +6,7 @@ imports tritonserver or torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -56,15 +56,24 @@ class TensorSpec:
         return WIRE_DTYPE[self.data_type]
 
 
+Batching = Literal["engine", "triton"]
+
+
 @dataclass(frozen=True)
 class StageContract:
-    """Inputs and outputs of one stage kind; `backend` is the config.pbtxt backend name."""
+    """Inputs and outputs of one stage kind; `backend` is the config.pbtxt backend name.
+
+    `batching`: "engine" when the stage's engine batches continuously by itself
+    (vLLM), so Triton must hand requests over one by one (max_batch_size 0);
+    "triton" when Triton's dynamic batcher forms the batches (generators,
+    encoders), so dims above exclude the batch dimension.
+    """
 
     backend: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     decoupled: bool = False
-    extra: dict = field(default_factory=dict)
+    batching: Batching = "triton"
 
     def input(self, name: str) -> TensorSpec:
         return next(t for t in self.inputs if t.name == name)
@@ -98,6 +107,7 @@ class LLM:
 LLM_CONTRACT = StageContract(
     backend="omni_llm",
     decoupled=True,
+    batching="engine",
     inputs=(
         TensorSpec(LLM.TEXT_INPUT, "TYPE_STRING", (1,), doc="prompt text"),
         TensorSpec(LLM.STREAM, "TYPE_BOOL", (1,), optional=True,
@@ -105,7 +115,8 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
                    doc="JSON object of vLLM SamplingParams fields"),
         TensorSpec(LLM.EXCLUDE_INPUT_IN_OUTPUT, "TYPE_BOOL", (1,), optional=True,
-                   doc="non-streaming only: omit the prompt from text_output (default true)"),
+                   doc="non-streaming only: omit the prompt from text_output (default false, "
+                       "as in vllm_backend)"),
         TensorSpec(LLM.RETURN_FINISH_REASON, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.RETURN_NUM_INPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.RETURN_NUM_OUTPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),

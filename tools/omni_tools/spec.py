@@ -37,6 +37,8 @@ from pydantic import (
     model_validator,
 )
 
+from omni_serve.contract import CONTRACTS
+
 logger = logging.getLogger(__name__)
 
 # Backends a stage may name; each has a tensor contract in omni_serve.contract.
@@ -44,7 +46,8 @@ Backend = Literal["omni_llm"]
 InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
 
 # Backends whose engine batches by itself: Triton must hand requests over one by one.
-ENGINE_BATCHED_BACKENDS: frozenset[str] = frozenset({"omni_llm"})
+ENGINE_BATCHED_BACKENDS: frozenset[str] = frozenset(
+    name for name, contract in CONTRACTS.items() if contract.batching == "engine")
 
 TINY_PREFIX = "tiny:"
 PIPELINE_NAME_RE = re.compile(r"[a-z0-9-]+")
