@@ -22,6 +22,7 @@ from omni_serve.tritonio import (
     Metrics,
     Outbox,
     ResponseSender,
+    exit_with_parent,
     make_response,
     pb,
     read_inputs,
@@ -95,6 +96,7 @@ class TritonPythonModel:
         self.stage = LLMStage(engine_args, metrics=_TritonMetrics(self.model_name),
                               name=self.model_name)
         self.stage.start()
+        exit_with_parent(lambda: self.stage.shutdown(timeout=5))
 
     def execute(self, requests):
         for request in requests:

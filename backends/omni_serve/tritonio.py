@@ -212,6 +212,55 @@ class ResponseSender:
         self._thread.join(timeout=10)
 
 
+def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> threading.Thread:
+    """Exit the stub when tritonserver dies without finalizing us (SIGKILL, crash).
+
+    The stub is re-parented then; without this it and its vLLM engine
+    processes would outlive the server and keep their memory and cores.
+    """
+    import os  # noqa: PLC0415
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                log.error("tritonserver (pid %d) is gone; shutting the stage down", parent)
+                # Children first: the stub exits by itself about a second
+                # after the server dies, and a graceful engine shutdown may
+                # not finish before that.
+                _kill_children(grace_s=0.5)
+                try:
+                    cleanup()
+                except Exception:
+                    log.exception("stage shutdown failed")
+                finally:
+                    os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _kill_children(grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL, every process this one started (vLLM engine core, workers)."""
+    import psutil  # noqa: PLC0415
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
 class Metrics:
     """Creates Triton custom metric families once per process and hands out metrics."""
 

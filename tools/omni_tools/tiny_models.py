@@ -424,8 +424,14 @@ def tokenizer_corpus(n_paragraphs: int = 3000, seed: int = CORPUS_SEED) -> list[
     return paragraphs
 
 
-def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Tokenizer:
-    """Byte-level BPE with the Qwen2 pre-tokenization, trained on tokenizer_corpus()."""
+def train_tokenizer(
+    vocab_size: int = TOKENIZER_VOCAB_SIZE, extra_text: tuple[str, ...] = ()
+) -> Tokenizer:
+    """Byte-level BPE with the Qwen2 pre-tokenization, trained on tokenizer_corpus().
+
+    `extra_text` is appended to the corpus (e.g. a fixed prompt template
+    repeated so its words become single tokens); empty keeps the default build.
+    """
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -448,15 +454,17 @@ def train_tokenizer(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)
+    tok.train_from_iterator(tokenizer_corpus() + list(extra_text), trainer=trainer)
     return tok
 
 
-def build_tokenizer(model_max_length: int) -> PreTrainedTokenizerBase:
+def build_tokenizer(
+    model_max_length: int, extra_text: tuple[str, ...] = ()
+) -> PreTrainedTokenizerBase:
     """The trained BPE wrapped as a Qwen2 chat tokenizer (eos <|im_end|>, pad <|endoftext|>)."""
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-    model = json.loads(train_tokenizer().to_str())["model"]
+    model = json.loads(train_tokenizer(extra_text=extra_text).to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     tokenizer = Qwen2Tokenizer(
         vocab=model["vocab"],
@@ -581,6 +589,133 @@ def _build_qwen25_05b_random(out: Path) -> None:
         rope_theta=1000000.0,
     )
     _save_causal_lm(out, config, tokenizer)
+
+
+# --------------------------------------------------------------------------
+# diffusion pipelines
+# --------------------------------------------------------------------------
+
+# QwenImagePipeline wraps every prompt in this template and drops the first
+# QWEN_IMAGE_TEMPLATE_DROP hidden states (the system part), counted in tokens
+# of the *real* Qwen2.5 tokenizer, where each pre-token of the prefix is one
+# token. The tiny tokenizer is trained with the prefix repeated so the same
+# holds for it; the builder checks both against the installed diffusers.
+QWEN_IMAGE_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, "
+    "quantity, text, spatial relationships of the objects and background:<|im_end|>\n"
+    "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+)
+QWEN_IMAGE_TEMPLATE_DROP = 34
+QWEN_IMAGE_SCHEDULER = {  # Qwen/Qwen-Image scheduler/scheduler_config.json
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "invert_sigmas": False,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "stochastic_sampling": False,
+    "time_shift_type": "exponential",
+    "use_beta_sigmas": False,
+    "use_dynamic_shifting": True,
+    "use_exponential_sigmas": False,
+    "use_karras_sigmas": False,
+}
+
+
+def qwen_image_template_prefix_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids of the template part the pipeline drops (everything before the prompt)."""
+    return tokenizer(QWEN_IMAGE_TEMPLATE.split("{}")[0])["input_ids"]
+
+
+def _check_qwen_image_template(pipe: Any) -> None:
+    if pipe.prompt_template_encode != QWEN_IMAGE_TEMPLATE:
+        raise RuntimeError("diffusers' Qwen-Image prompt template changed; update the recipe")
+    drop = pipe.prompt_template_encode_start_idx
+    prefix = qwen_image_template_prefix_ids(pipe.tokenizer)
+    full = pipe.tokenizer(QWEN_IMAGE_TEMPLATE.format("a red cat"))["input_ids"]
+    if len(prefix) != drop or full[:drop] != prefix:
+        raise RuntimeError(
+            f"tiny tokenizer encodes the template prefix in {len(prefix)} tokens; "
+            f"the pipeline drops {drop}"
+        )
+
+
+@register("qwen-image-tiny", version=1, description="Qwen-Image pipeline, random weights, 64x64")
+def _build_qwen_image_tiny(out: Path) -> None:
+    """diffusers QwenImagePipeline: 2-layer DiT, 4-channel VAE, tiny Qwen2.5-VL encoder."""
+    import torch
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    max_len = 1024 + QWEN_IMAGE_TEMPLATE_DROP  # pipeline's tokenizer_max_length + drop
+    prefix = QWEN_IMAGE_TEMPLATE.split("{}")[0]
+    tokenizer = build_tokenizer(max_len, extra_text=(prefix,) * 200)
+    text_hidden = 16
+    torch.manual_seed(DEFAULT_SEED)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,  # 4 x VAE z_dim (2x2 latent patches)
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=3,
+        joint_attention_dim=text_hidden,
+        axes_dims_rope=(8, 4, 4),  # sums to attention_head_dim
+    )
+    vae = AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
+    ids = _special_ids(tokenizer)
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": _round_up(len(tokenizer), 64),
+            "hidden_size": text_hidden,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": max_len,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "mrope_section": [1, 1, 2],  # sums to head_dim / 2
+            },
+            **ids,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": text_hidden,
+            "fullatt_block_indexes": [1],
+        },
+        tie_word_embeddings=False,
+    )
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER)
+    pipe = QwenImagePipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+    )
+    _check_qwen_image_template(pipe)
+    pipe.save_pretrained(out, safe_serialization=True)
 
 
 # --------------------------------------------------------------------------
