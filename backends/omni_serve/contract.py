@@ -74,6 +74,8 @@ class StageContract:
     outputs: tuple[TensorSpec, ...]
     decoupled: bool = False
     batching: Batching = "triton"
+    # The file that marks a usable checkpoint directory for this stage kind.
+    checkpoint_marker: str = "config.json"
 
     def input(self, name: str) -> TensorSpec:
         return next(t for t in self.inputs if t.name == name)
@@ -129,7 +131,44 @@ LLM_CONTRACT = StageContract(
     ),
 )
 
-CONTRACTS: dict[str, StageContract] = {c.backend: c for c in (LLM_CONTRACT,)}
+# --- Diffusion generator (omni_dit) --------------------------------------------------
+# Triton's dynamic batcher groups requests; dims exclude the batch dimension.
+
+class DIT:
+    PROMPT = "prompt"
+    NEGATIVE_PROMPT = "negative_prompt"
+    HEIGHT = "height"
+    WIDTH = "width"
+    NUM_INFERENCE_STEPS = "num_inference_steps"
+    GUIDANCE_SCALE = "guidance_scale"
+    SEED = "seed"
+
+    IMAGE = "image"
+    IMAGE_RAW = "image_raw"
+
+
+DIT_CONTRACT = StageContract(
+    backend="omni_dit",
+    batching="triton",
+    checkpoint_marker="model_index.json",  # a diffusers pipeline folder
+    inputs=(
+        TensorSpec(DIT.PROMPT, "TYPE_STRING", (1,), doc="text prompt"),
+        TensorSpec(DIT.NEGATIVE_PROMPT, "TYPE_STRING", (1,), optional=True),
+        TensorSpec(DIT.HEIGHT, "TYPE_INT32", (1,), optional=True, doc="pixels (default: spec)"),
+        TensorSpec(DIT.WIDTH, "TYPE_INT32", (1,), optional=True, doc="pixels (default: spec)"),
+        TensorSpec(DIT.NUM_INFERENCE_STEPS, "TYPE_INT32", (1,), optional=True),
+        TensorSpec(DIT.GUIDANCE_SCALE, "TYPE_FP32", (1,), optional=True,
+                   doc="true classifier-free guidance scale (needs negative_prompt to matter)"),
+        TensorSpec(DIT.SEED, "TYPE_INT64", (1,), optional=True,
+                   doc="per-request seed: same image alone or batched"),
+    ),
+    outputs=(
+        TensorSpec(DIT.IMAGE, "TYPE_STRING", (1,), doc="PNG bytes"),
+        TensorSpec(DIT.IMAGE_RAW, "TYPE_UINT8", (-1, -1, 3), doc="H x W x RGB, when requested"),
+    ),
+)
+
+CONTRACTS: dict[str, StageContract] = {c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT)}
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"

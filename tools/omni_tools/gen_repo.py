@@ -99,6 +99,9 @@ def build_model_config(stage_name: str, stage: StageSpec) -> model_config_pb2.Mo
     }
     if contract.decoupled:
         config["model_transaction_policy"] = {"decoupled": True}
+    if stage.triton_batched:
+        config["dynamic_batching"] = {
+            "max_queue_delay_microseconds": str(stage.effective_max_queue_delay_us)}
     return json_format.ParseDict(config, model_config_pb2.ModelConfig())
 
 
@@ -112,14 +115,15 @@ def config_text(config: model_config_pb2.ModelConfig, *, source: str) -> str:
 
 def _resolve_model(spec: PipelineSpec, name: str, stage: StageSpec) -> Path:
     tiny = stage.tiny_model
+    marker = CONTRACTS[stage.backend].checkpoint_marker
     if tiny is None:
         try:
-            return resolve_model_path(stage.model, spec.base_dir)
+            return resolve_model_path(stage.model, spec.base_dir, marker)
         except ValueError as e:
             raise SpecError(spec.source, [f"stages.{name}.model: {e}"]) from None
     path = Path(tiny_models_module().ensure_model(tiny)).resolve()
-    if not (path / "config.json").is_file():
-        raise RepoError(f"built-in tiny model {tiny} at {path} has no config.json")
+    if not (path / marker).is_file():
+        raise RepoError(f"built-in tiny model {tiny} at {path} has no {marker}")
     return path
 
 

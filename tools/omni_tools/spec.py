@@ -42,13 +42,15 @@ from omni_serve.contract import CONTRACTS
 logger = logging.getLogger(__name__)
 
 # Backends a stage may name; each has a tensor contract in omni_serve.contract.
-Backend = Literal["omni_llm"]
+Backend = Literal["omni_llm", "omni_dit"]
 InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
 
 # Backends whose engine batches by itself: Triton must hand requests over one by one.
 ENGINE_BATCHED_BACKENDS: frozenset[str] = frozenset(
     name for name, contract in CONTRACTS.items() if contract.batching == "engine")
 
+DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_QUEUE_DELAY_US = 2000
 TINY_PREFIX = "tiny:"
 PIPELINE_NAME_RE = re.compile(r"[a-z0-9-]+")
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
@@ -99,15 +101,17 @@ def tiny_model_name(model: str) -> str | None:
     return model[len(TINY_PREFIX):] if model.startswith(TINY_PREFIX) else None
 
 
-def resolve_model_path(model: str, base_dir: Path) -> Path:
+def resolve_model_path(model: str, base_dir: Path, marker: str = "config.json") -> Path:
     """Absolute checkpoint directory of a path-valued `model`; ValueError if unusable.
 
     Environment variables and `~` are expanded; a relative path is taken
-    relative to `base_dir` (the spec file's folder).
+    relative to `base_dir` (the spec file's folder). `marker` is the file the
+    stage kind needs in it (config.json for transformers/vLLM checkpoints,
+    model_index.json for diffusers pipelines).
     """
     expanded = os.path.expanduser(os.path.expandvars(model))
     path = (base_dir / expanded).resolve()
-    hint = ("give a Hugging Face checkpoint directory (holding config.json) "
+    hint = (f"give a Hugging Face checkpoint directory (holding {marker}) "
             f"or {TINY_PREFIX}<name> for a built-in tiny model")
     if not path.exists():
         unset = re.findall(r"\$\{?(\w+)", expanded)
@@ -117,8 +121,8 @@ def resolve_model_path(model: str, base_dir: Path) -> Path:
         raise ValueError(f"model directory {path} does not exist; {hint}")
     if not path.is_dir():
         raise ValueError(f"model path {path} is not a directory; {hint}")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model directory {path} has no config.json; {hint}")
+    if not (path / marker).is_file():
+        raise ValueError(f"model directory {path} has no {marker}; {hint}")
     return path
 
 
@@ -163,15 +167,28 @@ class StageSpec(_Strict):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     instances: InstancesSpec = Field(default_factory=InstancesSpec)
     max_batch_size: Annotated[int, Field(ge=0)] | None = None
+    # Triton's dynamic batcher (backends whose contract batches in Triton).
+    max_queue_delay_us: Annotated[int, Field(ge=0)] | None = None
 
     @property
     def tiny_model(self) -> str | None:
         return tiny_model_name(self.model)
 
     @property
+    def triton_batched(self) -> bool:
+        return self.backend not in ENGINE_BATCHED_BACKENDS
+
+    @property
     def effective_max_batch_size(self) -> int:
         """The config.pbtxt max_batch_size (0 = Triton does not batch)."""
-        return self.max_batch_size or 0
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        return DEFAULT_MAX_BATCH_SIZE if self.triton_batched else 0
+
+    @property
+    def effective_max_queue_delay_us(self) -> int:
+        return DEFAULT_MAX_QUEUE_DELAY_US if self.max_queue_delay_us is None \
+            else self.max_queue_delay_us
 
     @field_validator("model")
     @classmethod
@@ -180,21 +197,25 @@ class StageSpec(_Strict):
         if name is not None:
             _check_tiny_name(name)
         else:
-            resolve_model_path(model, _base_dir(info))
+            backend = info.data.get("backend")
+            marker = CONTRACTS[backend].checkpoint_marker if backend in CONTRACTS else "config.json"
+            resolve_model_path(model, _base_dir(info), marker)
         return model
 
     @field_validator("engine_args")
     @classmethod
-    def _engine_args_known(cls, engine_args: dict[str, Any]) -> dict[str, Any]:
+    def _engine_args_known(cls, engine_args: dict[str, Any],
+                           info: ValidationInfo) -> dict[str, Any]:
+        backend = info.data.get("backend", "omni_llm")
         problems = []
         known = None
         for key, value in engine_args.items():
             if key == "model":
                 problems.append(((key,), MODEL_IN_ENGINE_ARGS))
                 continue
-            known = known if known is not None else vllm_engine_arg_names()
+            known = known if known is not None else engine_arg_names(backend)
             if known is not None and key not in known:
-                problems.append(((key,), _unknown_engine_arg(key, known)))
+                problems.append(((key,), _unknown_engine_arg(key, known, backend)))
                 continue
             try:
                 json.dumps(value)
@@ -214,7 +235,19 @@ class StageSpec(_Strict):
             raise ValueError(f"must be 0 for backend {backend} (got {size}): its engine batches "
                              "requests continuously, so Triton hands them over one by one; "
                              "remove the key or set 0")
+        if backend not in ENGINE_BATCHED_BACKENDS and size == 0:
+            raise ValueError(f"must be at least 1 for backend {backend} (got 0): Triton's "
+                             "dynamic batcher forms its batches; 1 disables batching")
         return size
+
+    @field_validator("max_queue_delay_us")
+    @classmethod
+    def _queue_delay_fits_backend(cls, delay: int | None, info: ValidationInfo) -> int | None:
+        backend = info.data.get("backend")
+        if delay is not None and backend in ENGINE_BATCHED_BACKENDS:
+            raise ValueError(f"not used by backend {backend}: its engine batches by itself; "
+                             "remove the key")
+        return delay
 
 
 def _check_stage_name(name: str) -> str:
@@ -279,14 +312,29 @@ def _base_dir(info: ValidationInfo) -> Path:
     return Path(context.get("base_dir") or Path.cwd())
 
 
-def _unknown_engine_arg(key: str, known: frozenset[str]) -> str:
+_ENGINE_ARGS_DOC = {
+    "omni_llm": ("vLLM engine argument", "the fields of vllm.engine.arg_utils.AsyncEngineArgs"),
+    "omni_dit": ("omni_dit pipeline argument", "the fields of omni_serve.dit.config.DitStageConfig"),
+}
+
+
+def engine_arg_names(backend: str) -> frozenset[str] | None:
+    """The engine_args keys a backend accepts (None: cannot be checked here)."""
+    if backend == "omni_dit":
+        from omni_serve.dit.config import DitStageConfig
+
+        return frozenset(DitStageConfig.model_fields) - {"model"}
+    return vllm_engine_arg_names()
+
+
+def _unknown_engine_arg(key: str, known: frozenset[str], backend: str = "omni_llm") -> str:
+    what, where = _ENGINE_ARGS_DOC.get(backend, _ENGINE_ARGS_DOC["omni_llm"])
     close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
     if len(close) == 1:
-        return f"unknown vLLM engine argument; did you mean {close[0]}?"
+        return f"unknown {what}; did you mean {close[0]}?"
     if close:
-        return f"unknown vLLM engine argument; did you mean one of: {', '.join(close)}?"
-    return ("unknown vLLM engine argument; allowed: the fields of "
-            "vllm.engine.arg_utils.AsyncEngineArgs (except model)")
+        return f"unknown {what}; did you mean one of: {', '.join(close)}?"
+    return f"unknown {what}; allowed: {where} (except model)"
 
 
 # --- ValidationError -> readable lines -----------------------------------------

@@ -146,7 +146,7 @@ def test_an_unknown_stage_key_lists_the_allowed_keys(tmp_path):
     data["stages"]["llm"]["batching"] = "dynamic"
     assert only_problem(tmp_path, data) == (
         "stages.llm.batching: unknown key; allowed keys here: "
-        "backend, model, engine_args, instances, max_batch_size")
+        "backend, model, engine_args, instances, max_batch_size, max_queue_delay_us")
 
 
 def test_an_unknown_instances_key_lists_the_allowed_keys(tmp_path):
@@ -267,7 +267,7 @@ def test_an_unknown_backend_lists_the_backends(tmp_path):
     data = base_spec()
     data["stages"]["llm"]["backend"] = "vllm"
     assert only_problem(tmp_path, data) == (
-        "stages.llm.backend: Input should be 'omni_llm' (got 'vllm')")
+        "stages.llm.backend: Input should be 'omni_llm' or 'omni_dit' (got 'vllm')")
 
 
 def test_a_missing_required_key_is_named(tmp_path):
@@ -341,3 +341,21 @@ def test_all_problems_are_reported_at_once_one_line_each(tmp_path):
     lines = str(error).splitlines()
     assert lines[0] == f"{tmp_path / 'spec.yaml'}: 3 problems"
     assert [line.strip() for line in lines[1:]] == error.problems
+
+
+def test_triton_batched_backends_need_a_batch_size_of_at_least_one(tmp_path):
+    data = base_spec()
+    stage = data["stages"]["llm"]
+    stage["backend"] = "omni_dit"
+    stage["max_batch_size"] = 0
+    stage["engine_args"] = {}
+    problems = problems_of(tmp_path, data)
+    assert any(p.startswith("stages.llm.max_batch_size: must be at least 1 for backend omni_dit")
+               for p in problems), problems
+
+
+def test_queue_delay_is_refused_for_the_engine_batched_llm(tmp_path):
+    data = base_spec()
+    data["stages"]["llm"]["max_queue_delay_us"] = 100
+    assert only_problem(tmp_path, data).startswith(
+        "stages.llm.max_queue_delay_us: not used by backend omni_llm")

@@ -1,0 +1,102 @@
+"""The omni_dit pipeline runner (runs inside the Triton stub and in tests).
+
+Flow: Triton's dynamic batcher hands the adapter a list of parsed
+`DitRequest`s; `DitRunner.run` groups them by `group_key`, runs each group as
+one batched diffusers call (one seeded generator per request, so a request's
+image does not depend on its batch-mates) and returns one uint8 HxWx3 image
+or one exception per request, in request order.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections import defaultdict
+
+import numpy as np
+import torch
+from PIL import Image
+
+from omni_serve.dit.config import DitStageConfig
+from omni_serve.dit.request import DitRequest, GroupKey, group_key
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class DitRunner:
+    """Owns one diffusers text-to-image pipeline; `run` is safe to call from several threads."""
+
+    def __init__(self, cfg: DitStageConfig):
+        from diffusers import DiffusionPipeline
+
+        self.cfg = cfg
+        torch.set_num_threads(cfg.torch_threads)
+        self.pipe = DiffusionPipeline.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype])
+        self.pipe.to(cfg.device)
+        self.pipe.set_progress_bar_config(disable=True)
+        self._lock = threading.Lock()
+        # Pipelines silently resize sides that are not multiples of this (vae_scale_factor * 2).
+        multiple = getattr(self.pipe, "vae_scale_factor", 8) * 2
+        if cfg.side_multiple % multiple:
+            raise ValueError(f"side_multiple={cfg.side_multiple} must be a multiple of {multiple} "
+                             f"(vae_scale_factor * 2 of {type(self.pipe).__name__}); set side_multiple "
+                             f"to {multiple} or a multiple of it")
+
+    def run(self, requests: list[DitRequest]) -> list[np.ndarray | Exception]:
+        """One uint8 HxWx3 image or the exception that request raised, per request, in order."""
+        groups: dict[GroupKey, list[int]] = defaultdict(list)
+        for i, req in enumerate(requests):
+            groups[group_key(req)].append(i)
+        results: list[np.ndarray | Exception | None] = [None] * len(requests)
+        for indices in groups.values():
+            for i, out in zip(indices, self._run_group([requests[i] for i in indices]), strict=True):
+                results[i] = out
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _run_group(self, group: list[DitRequest]) -> list[np.ndarray | Exception]:
+        try:
+            return list(self._call(group))
+        except Exception as e:  # one bad request must not fail its batch-mates: isolate it below
+            if len(group) == 1:
+                logger.warning("omni_dit: request failed: %s", e)
+                return [e]
+            logger.warning("omni_dit: batch of %d failed (%s); retrying one by one", len(group), e)
+        return [out for req in group for out in self._run_group([req])]
+
+    def _call(self, group: list[DitRequest]) -> np.ndarray:
+        """One batched pipeline call for requests with equal `group_key`s -> uint8 (B, H, W, 3)."""
+        first = group[0]
+        has_negative = first.negative_prompt is not None
+        kwargs = {}
+        if has_negative:
+            kwargs["negative_prompt"] = [r.negative_prompt for r in group]
+        with self._lock, torch.inference_mode():
+            images = self.pipe(
+                prompt=[r.prompt for r in group],
+                height=first.height,
+                width=first.width,
+                num_inference_steps=first.num_inference_steps,
+                true_cfg_scale=first.guidance_scale if has_negative else 1.0,
+                generator=[torch.Generator().manual_seed(r.seed) for r in group],
+                output_type="np",
+                **kwargs,
+            ).images
+        return to_uint8(images)
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """Float images in [0, 1] -> uint8, rounded as diffusers' `numpy_to_pil` does."""
+    return (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+def encode_png(arr: np.ndarray) -> bytes:
+    """A uint8 HxWx3 RGB image as PNG bytes."""
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr, dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
