@@ -35,3 +35,14 @@ def text_chat_server(tmp_path_factory):
     finally:
         server.stop()
         print(f"\ntritonserver log: {server.log_path}")
+
+
+@pytest.fixture(scope="session")
+def text_to_image_server(tmp_path_factory):
+    server = _serve("text-to-image", tmp_path_factory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        print(f"\ntritonserver log: {server.log_path}")

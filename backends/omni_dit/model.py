@@ -1,0 +1,75 @@
+"""Triton adapter of the diffusion generator (`backend: "omni_dit"`), loaded by the Python stub.
+
+Thin by design: Triton's dynamic batcher hands execute() a list of requests;
+each is parsed on its own (a bad one gets its own INVALID_ARG response), the
+good ones run through DitRunner (grouped into batched pipeline calls) and
+each gets its PNG (and, when requested, the raw HxWx3 array).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from omni_serve.contract import DIT, DIT_CONTRACT, ENGINE_ARGS_FILE
+from omni_serve.dit.config import DitStageConfig
+from omni_serve.dit.pipeline import DitRunner, encode_png
+from omni_serve.dit.request import parse_request
+from omni_serve.tritonio import Metrics, pb, read_inputs, triton_error
+
+log = logging.getLogger("omni_dit")
+
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
+            self.cfg = DitStageConfig.model_validate(json.load(f))
+        self.runner = DitRunner(self.cfg)
+        self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
+        self._batch = m.histogram("omni_dit_batch_size", "Requests per execute() call",
+                                  _BATCH_BUCKETS)
+        self._images = m.counter("omni_dit_images_total", "Images generated")
+        self._steps = m.counter("omni_dit_denoising_steps_total",
+                                "Denoising steps run (per image)")
+        self._busy = m.counter("omni_dit_compute_seconds_total",
+                               "Seconds spent in pipeline calls")
+
+    def execute(self, requests):
+        self._batch.observe(len(requests))
+        parsed = []
+        for request in requests:
+            try:
+                parsed.append(parse_request(read_inputs(request, DIT_CONTRACT), self.cfg))
+            except Exception as e:  # a bad request answers alone
+                parsed.append(e)
+        good = [p for p in parsed if not isinstance(p, Exception)]
+        t0 = time.perf_counter()
+        results = iter(self.runner.run(good)) if good else iter(())
+        self._busy.increment(time.perf_counter() - t0)
+        responses = []
+        for request, item in zip(requests, parsed):
+            result = item if isinstance(item, Exception) else next(results)
+            if isinstance(result, Exception):
+                responses.append(pb().InferenceResponse(error=triton_error(result)))
+                continue
+            self._images.increment(1)
+            self._steps.increment(item.num_inference_steps)
+            responses.append(self._response(request, result))
+        return responses
+
+    def _response(self, request, image: np.ndarray):
+        pb_utils = pb()
+        wanted = set(request.requested_output_names() or (DIT.IMAGE, DIT.IMAGE_RAW))
+        tensors = []
+        if DIT.IMAGE in wanted:
+            tensors.append(pb_utils.Tensor(DIT.IMAGE,
+                                           np.array([[encode_png(image)]], dtype=np.object_)))
+        if DIT.IMAGE_RAW in wanted:
+            tensors.append(pb_utils.Tensor(DIT.IMAGE_RAW, image[np.newaxis]))
+        return pb_utils.InferenceResponse(output_tensors=tensors)

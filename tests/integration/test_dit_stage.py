@@ -1,0 +1,104 @@
+"""The text-to-image preset (omni_dit) in a real tritonserver, called with tritonclient."""
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from omni_serve.contract import DIT
+
+from .llm_io import metric
+
+pytestmark = pytest.mark.integration
+MODEL = "text_to_image"
+
+
+def infer(url: str, prompt: str, *, seed: int = 0, height: int = 64, width: int = 64,
+          steps: int = 2, raw: bool = True):
+    def t(name, value, dtype, np_dtype):
+        x = grpcclient.InferInput(name, [1, 1], dtype)
+        x.set_data_from_numpy(np.array([[value]], dtype=np_dtype))
+        return x
+
+    inputs = [t(DIT.PROMPT, prompt.encode(), "BYTES", np.object_),
+              t(DIT.HEIGHT, height, "INT32", np.int32), t(DIT.WIDTH, width, "INT32", np.int32),
+              t(DIT.NUM_INFERENCE_STEPS, steps, "INT32", np.int32),
+              t(DIT.SEED, seed, "INT64", np.int64)]
+    outputs = [grpcclient.InferRequestedOutput(DIT.IMAGE)]
+    if raw:
+        outputs.append(grpcclient.InferRequestedOutput(DIT.IMAGE_RAW))
+    with grpcclient.InferenceServerClient(url) as client:
+        return client.infer(MODEL, inputs, outputs=outputs, timeout=120)
+
+
+def png(result) -> Image.Image:
+    return Image.open(io.BytesIO(result.as_numpy(DIT.IMAGE)[0][0]))
+
+
+@pytest.fixture(scope="module")
+def url(text_to_image_server):
+    return text_to_image_server.grpc_url
+
+
+def test_a_valid_png_of_the_requested_size_comes_back(url):
+    res = infer(url, "a red fox in the snow", height=32, width=48)
+    img = png(res)
+    assert img.format == "PNG" and img.size == (48, 32) and img.mode == "RGB"
+    raw = res.as_numpy(DIT.IMAGE_RAW)
+    assert raw.shape == (1, 32, 48, 3) and raw.dtype == np.uint8
+    assert np.array_equal(np.asarray(img), raw[0])
+
+
+def test_concurrent_requests_are_batched_and_match_their_lone_images(url, text_to_image_server):
+    prompts = [f"picture {i}: a {w}" for i, w in enumerate(["cat", "lighthouse at dusk",
+                                                             "bowl of ripe figs", "ship"])]
+    alone = [infer(url, p, seed=i).as_numpy(DIT.IMAGE_RAW) for i, p in enumerate(prompts)]
+    before = metric(text_to_image_server.metrics(), "omni_dit_batch_size_count", MODEL)
+    batched_sum0 = metric(text_to_image_server.metrics(), "omni_dit_batch_size_sum", MODEL)
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda ip: infer(url, ip[1], seed=ip[0] % 4).as_numpy(DIT.IMAGE_RAW),
+                                 list(enumerate(prompts * 2))))
+    m = text_to_image_server.metrics()
+    executions = metric(m, "omni_dit_batch_size_count", MODEL) - before
+    assert metric(m, "omni_dit_batch_size_sum", MODEL) - batched_sum0 == 8
+    assert executions < 8, "Triton's dynamic batcher grouped concurrent requests"
+    for i, img in enumerate(together):
+        diff = np.abs(img.astype(int) - alone[i % 4].astype(int)).max()
+        assert diff <= 1, f"request {i} differs by {diff} from its lone image"
+    assert not np.array_equal(alone[0], alone[1])
+
+
+def test_a_bad_request_in_a_batch_fails_alone(url):
+    def call(args):
+        try:
+            return infer(url, *args[:1], height=args[1])
+        except InferenceServerException as e:
+            return e
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(call, [("ok one", 64), ("bad", 100), ("ok two", 64),
+                                       ("too big", 4096)]))
+    assert png(results[0]).size == (64, 64) and png(results[2]).size == (64, 64)
+    assert isinstance(results[1], InferenceServerException)
+    assert "height: must be a multiple of 16 between 16 and 512, got 100" in results[1].message()
+    assert isinstance(results[3], InferenceServerException)
+    assert "height" in results[3].message() and "4096" in results[3].message()
+    assert png(infer(url, "still serving")).size == (64, 64)
+
+
+@pytest.mark.parametrize("field,kw,expected", [
+    ("num_inference_steps", dict(steps=0), "num_inference_steps"),
+    ("num_inference_steps", dict(steps=51), "num_inference_steps"),
+    ("width", dict(width=8), "width"),
+    ("prompt", dict(prompt=""), "prompt"),
+])
+def test_limits_are_invalid_arg_errors_naming_the_field(url, field, kw, expected):
+    prompt = kw.pop("prompt", "a lighthouse")
+    with pytest.raises(InferenceServerException) as e:
+        infer(url, prompt, **kw)
+    assert e.value.message().startswith(expected), e.value.message()
