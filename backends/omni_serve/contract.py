@@ -142,6 +142,7 @@ class DIT:
     NUM_INFERENCE_STEPS = "num_inference_steps"
     GUIDANCE_SCALE = "guidance_scale"
     SEED = "seed"
+    STEP_CACHE = "step_cache"
 
     IMAGE = "image"
     IMAGE_RAW = "image_raw"
@@ -161,6 +162,8 @@ DIT_CONTRACT = StageContract(
                    doc="true classifier-free guidance scale (needs negative_prompt to matter)"),
         TensorSpec(DIT.SEED, "TYPE_INT64", (1,), optional=True,
                    doc="per-request seed: same image alone or batched"),
+        TensorSpec(DIT.STEP_CACHE, "TYPE_BOOL", (1,), optional=True,
+                   doc="first-block step cache on/off (default: the stage's `cache`)"),
     ),
     outputs=(
         TensorSpec(DIT.IMAGE, "TYPE_STRING", (1,), doc="PNG bytes"),

@@ -32,6 +32,12 @@ class DitStageConfig(BaseModel):
     default_guidance_scale: float = Field(default=4.0, ge=0.0)
     max_guidance_scale: float = Field(default=20.0, ge=0.0)
     torch_threads: int = Field(default=1, ge=1)
+    # Step cache (diffusers FirstBlockCache): a step whose first transformer
+    # block's residual changed by less than `cache_threshold` (relative L1)
+    # reuses the cached residual of the remaining blocks. Off by default;
+    # requests may switch it with the `step_cache` input.
+    cache: Literal["off", "first_block"] = "off"
+    cache_threshold: float = Field(default=0.1, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _check_limits(self) -> DitStageConfig:

@@ -8,6 +8,7 @@ or one exception per request, in request order.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import threading
@@ -76,7 +77,7 @@ class DitRunner:
         kwargs = {}
         if has_negative:
             kwargs["negative_prompt"] = [r.negative_prompt for r in group]
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), self._step_cache(first.step_cache):
             images = self.pipe(
                 prompt=[r.prompt for r in group],
                 height=first.height,
@@ -88,6 +89,26 @@ class DitRunner:
                 **kwargs,
             ).images
         return to_uint8(images)
+
+
+    @contextlib.contextmanager
+    def _step_cache(self, on: bool):
+        """FirstBlockCache on the transformer for one call; always off (and reset) after.
+
+        The skip decision is taken for the whole batch, so with the cache on a
+        request's image can depend on its batch-mates (cache off: it cannot).
+        """
+        if not on:
+            yield
+            return
+        from diffusers.hooks import FirstBlockCacheConfig
+
+        transformer = self.pipe.transformer
+        transformer.enable_cache(FirstBlockCacheConfig(threshold=self.cfg.cache_threshold))
+        try:
+            yield
+        finally:
+            transformer.disable_cache()
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:

@@ -32,15 +32,16 @@ class DitRequest:
     num_inference_steps: int
     guidance_scale: float
     seed: int
+    step_cache: bool = False
 
 
-GroupKey = tuple[int, int, int, float, bool]
+GroupKey = tuple[int, int, int, float, bool, bool]
 
 
 def group_key(req: DitRequest) -> GroupKey:
     """Requests with equal keys can run in one batched pipeline call."""
     return (req.height, req.width, req.num_inference_steps, req.guidance_scale,
-            req.negative_prompt is not None)
+            req.negative_prompt is not None, req.step_cache)
 
 
 def parse_request(tensors: dict[str, np.ndarray | None], cfg: DitStageConfig) -> DitRequest:
@@ -78,8 +79,15 @@ def parse_request(tensors: dict[str, np.ndarray | None], cfg: DitStageConfig) ->
     elif not SEED_MIN <= seed <= SEED_MAX:
         raise RequestError(DIT.SEED, f"must be a 64-bit signed integer, got {seed}")
 
+    cache = _scalar(DIT.STEP_CACHE, tensors.get(DIT.STEP_CACHE))
+    if cache is None:
+        cache = cfg.cache != "off"
+    elif not isinstance(cache, (bool, np.bool_)):
+        raise RequestError(DIT.STEP_CACHE, f"must be a boolean, got {cache!r}")
+
     return DitRequest(prompt=prompt, negative_prompt=negative, height=height, width=width,
-                      num_inference_steps=steps, guidance_scale=guidance, seed=seed)
+                      num_inference_steps=steps, guidance_scale=guidance, seed=seed,
+                      step_cache=bool(cache))
 
 
 # --- field helpers ---------------------------------------------------------------------
