@@ -39,6 +39,12 @@ class TritonPythonModel:
                                 "Denoising steps run (per image)")
         self._busy = m.counter("omni_dit_compute_seconds_total",
                                "Seconds spent in pipeline calls")
+        self._cache_lookups = m.counter("omni_dit_cache_lookups_total",
+                                        "Transformer forwards run with the step cache on")
+        self._cache_hits = m.counter("omni_dit_cache_hits_total",
+                                     "Forwards that reused the cached residual (hit rate = "
+                                     "hits / lookups)")
+        self._cache_seen = dict(self.runner.cache_stats)
 
     def execute(self, requests):
         self._batch.observe(len(requests))
@@ -52,6 +58,10 @@ class TritonPythonModel:
         t0 = time.perf_counter()
         results = iter(self.runner.run(good)) if good else iter(())
         self._busy.increment(time.perf_counter() - t0)
+        stats = dict(self.runner.cache_stats)
+        self._cache_lookups.increment(stats["lookups"] - self._cache_seen["lookups"])
+        self._cache_hits.increment(stats["hits"] - self._cache_seen["hits"])
+        self._cache_seen = stats
         responses = []
         for request, item in zip(requests, parsed):
             result = item if isinstance(item, Exception) else next(results)

@@ -19,7 +19,7 @@ MODEL = "text_to_image"
 
 
 def infer(url: str, prompt: str, *, seed: int = 0, height: int = 64, width: int = 64,
-          steps: int = 2, raw: bool = True):
+          steps: int = 2, raw: bool = True, step_cache: bool | None = None):
     def t(name, value, dtype, np_dtype):
         x = grpcclient.InferInput(name, [1, 1], dtype)
         x.set_data_from_numpy(np.array([[value]], dtype=np_dtype))
@@ -29,6 +29,8 @@ def infer(url: str, prompt: str, *, seed: int = 0, height: int = 64, width: int 
               t(DIT.HEIGHT, height, "INT32", np.int32), t(DIT.WIDTH, width, "INT32", np.int32),
               t(DIT.NUM_INFERENCE_STEPS, steps, "INT32", np.int32),
               t(DIT.SEED, seed, "INT64", np.int64)]
+    if step_cache is not None:
+        inputs.append(t(DIT.STEP_CACHE, step_cache, "BOOL", np.bool_))
     outputs = [grpcclient.InferRequestedOutput(DIT.IMAGE)]
     if raw:
         outputs.append(grpcclient.InferRequestedOutput(DIT.IMAGE_RAW))
@@ -102,3 +104,22 @@ def test_limits_are_invalid_arg_errors_naming_the_field(url, field, kw, expected
     with pytest.raises(InferenceServerException) as e:
         infer(url, prompt, **kw)
     assert e.value.message().startswith(expected), e.value.message()
+
+
+def test_step_cache_is_switched_per_request_and_reported(url, text_to_image_server):
+    def counters():
+        m = text_to_image_server.metrics()
+        return (metric(m, "omni_dit_cache_lookups_total", MODEL),
+                metric(m, "omni_dit_cache_hits_total", MODEL))
+
+    l0, h0 = counters()
+    plain = infer(url, "a lighthouse", seed=3, steps=6, step_cache=False).as_numpy(DIT.IMAGE_RAW)
+    l1, h1 = counters()
+    assert (l1, h1) == (l0, h0), "an uncached request made cache lookups"
+    cached = infer(url, "a lighthouse", seed=3, steps=6, step_cache=True).as_numpy(DIT.IMAGE_RAW)
+    l2, h2 = counters()
+    assert l2 - l1 == 6 and 0 <= h2 - h1 <= 5  # one decision per step; the first always computes
+    assert cached.shape == plain.shape
+    # the cache is off again afterwards: the uncached image is reproduced exactly
+    again = infer(url, "a lighthouse", seed=3, steps=6, step_cache=False).as_numpy(DIT.IMAGE_RAW)
+    assert np.array_equal(again, plain)

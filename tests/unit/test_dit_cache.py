@@ -39,8 +39,12 @@ def test_cached_and_uncached_requests_never_share_a_call():
 def test_the_cache_engages_and_is_off_again_after_the_call(model_path):
     # threshold 1.0: every step after the first reuses the cached residual
     runner = DitRunner(DitStageConfig(model=model_path, cache_threshold=1.0))
-    plain, cached = runner.run([req(1, False)])[0], runner.run([req(1, True)])[0]
+    plain = runner.run([req(1, False)])[0]
+    assert runner.cache_stats == {"lookups": 0, "hits": 0}
+    cached = runner.run([req(1, True)])[0]
     assert not runner.pipe.transformer.is_cache_enabled
+    # 8 steps: the first computes, the other 7 reuse the cached residual
+    assert runner.cache_stats == {"lookups": 8, "hits": 7}
     assert np.abs(plain.astype(int) - cached.astype(int)).max() > 0, "the cache changed nothing"
     # and it leaves no state behind: the uncached image is reproduced exactly
     assert np.array_equal(runner.run([req(1, False)])[0], plain)

@@ -37,6 +37,9 @@ class DitRunner:
         from diffusers import DiffusionPipeline
 
         self.cfg = cfg
+        # Step-cache decisions so far: "lookups" (transformer forwards with the
+        # cache on) and "hits" (forwards that reused the cached residual).
+        self.cache_stats = {"lookups": 0, "hits": 0}
         torch.set_num_threads(cfg.torch_threads)
         self.pipe = DiffusionPipeline.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype])
         self.pipe.to(cfg.device)
@@ -105,10 +108,31 @@ class DitRunner:
 
         transformer = self.pipe.transformer
         transformer.enable_cache(FirstBlockCacheConfig(threshold=self.cfg.cache_threshold))
+        self._count_cache_decisions(transformer)
         try:
             yield
         finally:
             transformer.disable_cache()
+
+    def _count_cache_decisions(self, transformer) -> None:
+        """Count the head block's compute/skip decisions into `cache_stats` (this call's hook)."""
+        from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
+
+        for module in transformer.modules():
+            registry = getattr(module, "_diffusers_hook", None)
+            hook = registry.get_hook(_FBC_LEADER_BLOCK_HOOK) if registry is not None else None
+            if hook is None:
+                continue
+            decide = hook._should_compute_remaining_blocks
+
+            def counted(residual, decide=decide):
+                compute = decide(residual)
+                self.cache_stats["lookups"] += 1
+                self.cache_stats["hits"] += 0 if compute else 1
+                return compute
+
+            hook._should_compute_remaining_blocks = counted
+            return
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:
