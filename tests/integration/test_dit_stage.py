@@ -123,3 +123,34 @@ def test_step_cache_is_switched_per_request_and_reported(url, text_to_image_serv
     # the cache is off again afterwards: the uncached image is reproduced exactly
     again = infer(url, "a lighthouse", seed=3, steps=6, step_cache=False).as_numpy(DIT.IMAGE_RAW)
     assert np.array_equal(again, plain)
+
+
+def test_mixed_sizes_in_one_batch_each_get_their_own_size(url):
+    sizes = [(64, 64), (32, 48), (64, 64), (48, 32), (32, 48), (64, 32)]
+    with ThreadPoolExecutor(len(sizes)) as pool:
+        results = list(pool.map(lambda hw: infer(url, f"size {hw}", height=hw[0], width=hw[1]),
+                                sizes))
+    for (h, w), res in zip(sizes, results):
+        assert png(res).size == (w, h)
+        alone = infer(url, f"size {(h, w)}", height=h, width=w).as_numpy(DIT.IMAGE_RAW)
+        assert np.abs(res.as_numpy(DIT.IMAGE_RAW).astype(int) - alone.astype(int)).max() <= 1
+
+
+def test_perf_analyzer_measures_text_to_image(url, tmp_path):
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = {"data": [{DIT.PROMPT: ["a lighthouse at dusk"], DIT.HEIGHT: [32], DIT.WIDTH: [32],
+                      DIT.NUM_INFERENCE_STEPS: [2], DIT.SEED: [7]}]}
+    (tmp_path / "in.json").write_text(json.dumps(data))
+    proc = subprocess.run(
+        [str(Path(sys.prefix) / "bin" / "perf_analyzer"), "-m", MODEL, "-i", "grpc", "-u", url,
+         "--input-data", str(tmp_path / "in.json"), "--concurrency-range", "4",
+         "--measurement-mode", "count_windows", "--measurement-request-count", "12",
+         "-s", "1000", "-r", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    m = re.search(r"Throughput: ([\d.]+) infer/sec", proc.stdout)
+    assert m and float(m.group(1)) > 0, proc.stdout
