@@ -26,23 +26,21 @@ def _serve(preset: str, tmp_path_factory) -> TritonServer:
     return TritonServer(repo, log_path=root / "tritonserver.log")
 
 
-@pytest.fixture(scope="session")
-def text_chat_server(tmp_path_factory):
-    server = _serve("text-chat", tmp_path_factory)
+def _session_server(preset: str, tmp_path_factory):
+    server = _serve(preset, tmp_path_factory)
     server.start()
     try:
         yield server
     finally:
         server.stop()
         print(f"\ntritonserver log: {server.log_path}")
+
+
+@pytest.fixture(scope="session")
+def text_chat_server(tmp_path_factory):
+    yield from _session_server("text-chat", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def text_to_image_server(tmp_path_factory):
-    server = _serve("text-to-image", tmp_path_factory)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        print(f"\ntritonserver log: {server.log_path}")
+    yield from _session_server("text-to-image", tmp_path_factory)
