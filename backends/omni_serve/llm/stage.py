@@ -86,7 +86,7 @@ class LLMStage:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name=f"{name}-engine-loop", daemon=True)
-        self._live: dict[str, tuple[Sink, Future]] = {}
+        self._live: dict[str, Future] = {}  # request id -> its task, until it ends
         self._live_lock = threading.Lock()
         self._stopping = threading.Event()
         self.max_model_len: int | None = None
@@ -113,10 +113,10 @@ class LLMStage:
         self._stopping.set()
         with self._live_lock:
             live = list(self._live.items())
-        for request_id, (_, fut) in live:
+        for request_id, _ in live:
             self.abort(request_id)
         deadline = time.monotonic() + timeout
-        for _, (_, fut) in live:
+        for _, fut in live:
             try:
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
             except Exception:  # already reported to its sink
@@ -135,7 +135,7 @@ class LLMStage:
         arrival = time.perf_counter() if arrival is None else arrival
         fut = asyncio.run_coroutine_threadsafe(self._generate(request, sink, arrival), self._loop)
         with self._live_lock:
-            self._live[request.request_id] = (sink, fut)
+            self._live[request.request_id] = fut
         fut.add_done_callback(lambda _: self._forget(request.request_id))
 
     def abort(self, request_id: str) -> None:
@@ -146,11 +146,6 @@ class LLMStage:
     def _forget(self, request_id: str) -> None:
         with self._live_lock:
             self._live.pop(request_id, None)
-
-    @property
-    def num_live(self) -> int:
-        with self._live_lock:
-            return len(self._live)
 
     async def _render(self, prompt: str):
         from vllm.renderers.inputs.preprocess import parse_model_prompt  # noqa: PLC0415
