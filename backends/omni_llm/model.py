@@ -81,6 +81,9 @@ def _response(req: LLMRequest, out: LLMOutput):
 
 class TritonPythonModel:
     def initialize(self, args):
+        # Three busy Python threads share the stub's GIL (Triton's execute, the
+        # engine loop, the sender); a 0.5 ms switch interval instead of 5 ms
+        # measured 1.8x the streamed tokens/s at concurrency 32 (tiny model).
         sys.setswitchinterval(float(os.environ.get("OMNI_GIL_SWITCH_INTERVAL_S", "0.0005")))
         self.model_name = args["model_name"]
         config = json.loads(args["model_config"])
