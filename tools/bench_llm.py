@@ -309,7 +309,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="docs/benchmarks/llm_stage.json")
     ap.add_argument("--no-pin", action="store_true", help="leave CPU placement to the OS")
     ap.add_argument("--report", metavar="JSON", help="only print the table of a results file")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
+                    help="extra engine argument for both sides, e.g. stream_interval=4")
     args = ap.parse_args(argv)
+    for item in args.engine_arg:
+        key, _, value = item.partition("=")
+        ENGINE_ARGS[key] = json.loads(value)
     if args.report:
         print(to_markdown(json.loads(Path(args.report).read_text())))
         return 0
