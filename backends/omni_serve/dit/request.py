@@ -6,16 +6,15 @@ compute. `group_key` says which requests can share one pipeline call.
 """
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from omni_serve.contract import DIT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.errors import RequestError
+from omni_serve.fields import integer, number, scalar, text
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
@@ -51,35 +50,34 @@ def parse_request(tensors: dict[str, np.ndarray | None], cfg: DitStageConfig) ->
     one is drawn, so that image is not reproducible; send a seed to get the
     same image again (alone or batched).
     """
-    prompt = _text(DIT.PROMPT, _scalar(DIT.PROMPT, tensors.get(DIT.PROMPT)))
+    prompt = text(DIT.PROMPT, scalar(tensors, DIT.PROMPT))
     if prompt is None:
         raise RequestError(DIT.PROMPT, "is required")
     if not prompt.strip():
         raise RequestError(DIT.PROMPT, "must not be empty")
-    negative = _text(DIT.NEGATIVE_PROMPT, _scalar(DIT.NEGATIVE_PROMPT, tensors.get(DIT.NEGATIVE_PROMPT)))
+    negative = text(DIT.NEGATIVE_PROMPT, scalar(tensors, DIT.NEGATIVE_PROMPT))
 
     height = _side(DIT.HEIGHT, tensors, cfg.default_height, cfg)
     width = _side(DIT.WIDTH, tensors, cfg.default_width, cfg)
 
-    steps = _int(DIT.NUM_INFERENCE_STEPS, _scalar(DIT.NUM_INFERENCE_STEPS,
-                                                  tensors.get(DIT.NUM_INFERENCE_STEPS)))
+    steps = integer(DIT.NUM_INFERENCE_STEPS, scalar(tensors, DIT.NUM_INFERENCE_STEPS))
     steps = cfg.default_steps if steps is None else steps
     if not 1 <= steps <= cfg.max_steps:
         raise RequestError(DIT.NUM_INFERENCE_STEPS, f"must be between 1 and {cfg.max_steps}, got {steps}")
 
-    guidance = _float(DIT.GUIDANCE_SCALE, _scalar(DIT.GUIDANCE_SCALE, tensors.get(DIT.GUIDANCE_SCALE)))
+    guidance = number(DIT.GUIDANCE_SCALE, scalar(tensors, DIT.GUIDANCE_SCALE))
     guidance = cfg.default_guidance_scale if guidance is None else guidance
     if not 0.0 <= guidance <= cfg.max_guidance_scale:
         raise RequestError(DIT.GUIDANCE_SCALE,
                            f"must be between 0 and {cfg.max_guidance_scale}, got {guidance}")
 
-    seed = _int(DIT.SEED, _scalar(DIT.SEED, tensors.get(DIT.SEED)))
+    seed = integer(DIT.SEED, scalar(tensors, DIT.SEED))
     if seed is None:
         seed = secrets.randbelow(2**63)  # not reproducible: the caller did not pin it
     elif not SEED_MIN <= seed <= SEED_MAX:
         raise RequestError(DIT.SEED, f"must be a 64-bit signed integer, got {seed}")
 
-    cache = _scalar(DIT.STEP_CACHE, tensors.get(DIT.STEP_CACHE))
+    cache = scalar(tensors, DIT.STEP_CACHE)
     if cache is None:
         cache = cfg.cache != "off"
     elif not isinstance(cache, (bool, np.bool_)):
@@ -93,49 +91,9 @@ def parse_request(tensors: dict[str, np.ndarray | None], cfg: DitStageConfig) ->
 # --- field helpers ---------------------------------------------------------------------
 
 def _side(name: str, tensors: dict[str, np.ndarray | None], default: int, cfg: DitStageConfig) -> int:
-    value = _int(name, _scalar(name, tensors.get(name)))
+    value = integer(name, scalar(tensors, name))
     value = default if value is None else value
     m = cfg.side_multiple
     if value % m or not m <= value <= cfg.max_side:
         raise RequestError(name, f"must be a multiple of {m} between {m} and {cfg.max_side}, got {value}")
     return value
-
-
-def _scalar(name: str, arr: np.ndarray | None) -> Any:
-    if arr is None:
-        return None
-    arr = np.asarray(arr)
-    if arr.size != 1:
-        raise RequestError(name, f"expected exactly one element, got shape {list(arr.shape)}")
-    return arr.reshape(-1)[0]
-
-
-def _text(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, (bytes, np.bytes_)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise RequestError(name, f"not valid UTF-8 ({e})") from e
-    if isinstance(value, (str, np.str_)):
-        return str(value)
-    raise RequestError(name, f"must be a string, got {type(value).__name__}")
-
-
-def _int(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise RequestError(name, f"must be an integer, got {value!r}")
-    return int(value)
-
-
-def _float(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise RequestError(name, f"must be a number, got {value!r}")
-    if not math.isfinite(float(value)):
-        raise RequestError(name, f"must be finite, got {value!r}")
-    return float(value)

@@ -14,6 +14,7 @@ import numpy as np
 
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
+from omni_serve.fields import scalar, text
 from omni_serve.llm import sampling
 
 
@@ -54,23 +55,6 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
                      num_output_tokens=last.num_output_tokens, final=last.final)
 
 
-def _scalar(name: str, arr: np.ndarray | None) -> Any:
-    if arr is None:
-        return None
-    if arr.size != 1:
-        raise RequestError(name, f"expected exactly one element, got shape {list(arr.shape)}")
-    return arr.reshape(-1)[0]
-
-
-def _as_text(name: str, value: Any) -> str:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise RequestError(name, f"not valid UTF-8 ({e})") from e
-    return str(value)
-
-
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -95,17 +79,16 @@ def parse_request(
     Request parameters may carry the boolean flags and any sampling field (as
     in vllm_backend); the `sampling_parameters` tensor wins on conflicts.
     """
-    prompt_value = _scalar(LLM.TEXT_INPUT, tensors.get(LLM.TEXT_INPUT))
-    if prompt_value is None:
+    prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
+    if prompt is None:
         raise RequestError(LLM.TEXT_INPUT, "is required")
-    prompt = _as_text(LLM.TEXT_INPUT, prompt_value)
     if not prompt:
         raise RequestError(LLM.TEXT_INPUT, "must not be empty")
 
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}
     for flag in LLM.FLAGS:
-        value = _scalar(flag, tensors.get(flag))
+        value = scalar(tensors, flag)
         if value is None and flag in params:
             value = params.pop(flag)
         else:
@@ -115,7 +98,7 @@ def parse_request(
 
     from_params = sampling.coerce(params, source="parameters")
     from_tensor = sampling.coerce(
-        sampling.parse_json(_scalar(LLM.SAMPLING_PARAMETERS, tensors.get(LLM.SAMPLING_PARAMETERS)))
+        sampling.parse_json(scalar(tensors, LLM.SAMPLING_PARAMETERS))
     )
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, **flags)
