@@ -156,33 +156,21 @@ def perf_analyzer_level(url: str, concurrency: int, n_requests: int, max_tokens:
 
 
 async def level(side: str, concurrency: int, n_requests: int, max_tokens: int, one) -> Run:
-    queue = list(PROMPTS[:n_requests]) if n_requests <= len(PROMPTS) else \
-        [PROMPTS[i % len(PROMPTS)] for i in range(n_requests)]
+    """n_requests calls of `one(prompt, max_tokens) -> (tokens, ttft)`, `concurrency` at once."""
+    queue = [PROMPTS[i % len(PROMPTS)] for i in range(n_requests)]
     run = Run(side, concurrency, 0, 0.0)
 
-    async def worker(k: int):
-        ctx = await one.open() if hasattr(one, "open") else None
+    async def worker():
         while queue:
-            prompt = queue.pop()
-            n, ttft = await one(prompt, max_tokens, ctx)
+            n, ttft = await one(queue.pop(), max_tokens)
             run.tokens += n
             run.ttft_s.append(ttft)
-        if ctx is not None:
-            await ctx.close()
 
     t0, cpu0 = time.perf_counter(), cpu_snapshot()
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     run.wall_s = time.perf_counter() - t0
     run.cores = cores_used(cpu0, cpu_snapshot(), run.wall_s)
     return run
-
-
-class _InprocOne:
-    def __init__(self, eng: InProcess):
-        self.eng = eng
-
-    async def __call__(self, prompt, max_tokens, ctx):
-        return await self.eng.one(prompt, max_tokens)
 
 
 def summarize(runs: list[Run]) -> dict:
@@ -218,7 +206,7 @@ async def _levels(name: str, side: str, one, args, rnd: int, runs: list[Run]) ->
 async def _inprocess_phase(name, engine_args, args, rnd, runs):
     eng = InProcess(engine_args)
     try:
-        await _levels(name, "inprocess", _InprocOne(eng), args, rnd, runs)
+        await _levels(name, "inprocess", eng.one, args, rnd, runs)
     finally:
         eng.shutdown()
 
