@@ -76,7 +76,14 @@ def _response(req: LLMRequest, out: LLMOutput):
         tensors[LLM.NUM_INPUT_TOKENS] = np.array([out.num_input_tokens], dtype=np.uint32)
     if req.return_num_output_tokens:
         tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.uint32)
+    if req.return_token_ids:
+        tensors[LLM.TOKEN_IDS] = np.array(out.token_ids, dtype=np.int64)
     return make_response(tensors)
+
+
+def _abort_ack(found: bool):
+    return make_response({LLM.FINISH_REASON: np.array([b"abort" if found else b"not_found"],
+                                                      dtype=np.object_)})
 
 
 class TritonPythonModel:
@@ -105,10 +112,16 @@ class TritonPythonModel:
         for request in requests:
             arrival = time.perf_counter()
             response_sender = request.get_response_sender()
-            request_id = f"{self.model_name}-{next(self._ids)}-{request.request_id() or ''}"
+            client_id = request.request_id() or ""
+            request_id = f"{self.model_name}-{next(self._ids)}-{client_id}"
+            params = request_parameters(request)
+            if LLM.ABORT_PARAMETER in params:  # a control request: abort, answer at once
+                found = self.stage.abort_client(str(params[LLM.ABORT_PARAMETER]))
+                Outbox(self.sender, response_sender,
+                       merge=lambda items: (_abort_ack(items[0]), True)).send(found)
+                continue
             try:
-                req = parse_request(request_id, read_inputs(request, LLM_CONTRACT),
-                                    request_parameters(request))
+                req = parse_request(request_id, read_inputs(request, LLM_CONTRACT), params)
             except Exception as e:
                 self.sender.send_error(response_sender, e)
                 continue
@@ -116,7 +129,7 @@ class TritonPythonModel:
                             merge=lambda outs, req=req: (_response(req, merge_outputs(outs)),
                                                          outs[-1].final),
                             on_cancel=lambda rid=request_id: self.stage.abort(rid))
-            self.stage.submit(req, outbox, arrival)
+            self.stage.submit(req, outbox, arrival, client_id=client_id or None)
         return None
 
     def finalize(self):

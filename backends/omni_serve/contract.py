@@ -46,6 +46,9 @@ class TensorSpec:
     dims: tuple[int, ...]
     optional: bool = False
     doc: str = ""
+    # Variable-length input that Triton's dynamic batcher may batch with
+    # other lengths (config.pbtxt `allow_ragged_batch`); the stage pads/splits.
+    ragged: bool = False
 
     @property
     def np_dtype(self) -> type:
@@ -95,15 +98,29 @@ class LLM:
     RETURN_FINISH_REASON = "return_finish_reason"
     RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"
     RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
+    # Omni extras.
+    PROMPT_TOKEN_IDS = "prompt_token_ids"
+    MM_EMBEDS = "mm_embeds"
+    RETURN_TOKEN_IDS = "return_token_ids"
 
     TEXT_OUTPUT = "text_output"
     FINISH_REASON = "finish_reason"
     NUM_INPUT_TOKENS = "num_input_tokens"
     NUM_OUTPUT_TOKENS = "num_output_tokens"
+    TOKEN_IDS = "token_ids"
 
     # Boolean request flags that may also arrive as request parameters.
     FLAGS = (STREAM, EXCLUDE_INPUT_IN_OUTPUT, RETURN_FINISH_REASON,
-             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS)
+             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS)
+    # Request parameter of a control request: abort the live request whose
+    # Triton request id is its value (BLS callers cannot cancel a child stream
+    # in Triton 2.51, so the orchestrator asks the stage directly).
+    ABORT_PARAMETER = "omni_abort"
+
+
+# Placeholder tokens of multimodal prompts (Qwen2.5-Omni names): each one in
+# the tokenized prompt takes the next row of `mm_embeds`.
+MM_PLACEHOLDER_TOKENS = ("<|IMAGE|>", "<|AUDIO|>", "<|VIDEO|>")
 
 
 LLM_CONTRACT = StageContract(
@@ -111,7 +128,8 @@ LLM_CONTRACT = StageContract(
     decoupled=True,
     batching="engine",
     inputs=(
-        TensorSpec(LLM.TEXT_INPUT, "TYPE_STRING", (1,), doc="prompt text"),
+        TensorSpec(LLM.TEXT_INPUT, "TYPE_STRING", (1,), optional=True,
+                   doc="prompt text (required unless prompt_token_ids is sent)"),
         TensorSpec(LLM.STREAM, "TYPE_BOOL", (1,), optional=True,
                    doc="send deltas as they are generated (default false: one response)"),
         TensorSpec(LLM.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
@@ -122,12 +140,20 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.RETURN_FINISH_REASON, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.RETURN_NUM_INPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.RETURN_NUM_OUTPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(LLM.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,), optional=True,
+                   doc="the prompt as token ids instead of text_input"),
+        TensorSpec(LLM.MM_EMBEDS, "TYPE_FP32", (-1, -1), optional=True,
+                   doc="encoder rows (tokens x hidden) for the multimodal placeholder tokens "
+                       "of text_input, in order; needs enable_prompt_embeds"),
+        TensorSpec(LLM.RETURN_TOKEN_IDS, "TYPE_BOOL", (1,), optional=True,
+                   doc="also return the generated token ids (deltas when streaming)"),
     ),
     outputs=(
         TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
         TensorSpec(LLM.FINISH_REASON, "TYPE_STRING", (-1,)),
         TensorSpec(LLM.NUM_INPUT_TOKENS, "TYPE_UINT32", (-1,)),
         TensorSpec(LLM.NUM_OUTPUT_TOKENS, "TYPE_UINT32", (-1,)),
+        TensorSpec(LLM.TOKEN_IDS, "TYPE_INT64", (-1,)),
     ),
 )
 
@@ -171,7 +197,69 @@ DIT_CONTRACT = StageContract(
     ),
 )
 
-CONTRACTS: dict[str, StageContract] = {c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT)}
+# --- Modality encoders (omni_encoder) -------------------------------------------------
+# One Triton model per modality (image_encoder, audio_encoder); Triton's dynamic
+# batcher groups requests and the encoder tower runs them in one forward.
+
+class ENCODER:
+    MEDIA = "media"
+
+    EMBEDDINGS = "embeddings"
+    GRID_THW = "grid_thw"
+
+
+ENCODER_CONTRACT = StageContract(
+    backend="omni_encoder",
+    batching="triton",
+    inputs=(
+        TensorSpec(ENCODER.MEDIA, "TYPE_STRING", (1,),
+                   doc="encoded media: an image file (PNG, JPEG, WebP, ...) for the image "
+                       "encoder, a WAV/FLAC/OGG file for the audio encoder"),
+    ),
+    outputs=(
+        TensorSpec(ENCODER.EMBEDDINGS, "TYPE_FP32", (-1, -1),
+                   doc="tokens x hidden: one row per placeholder token of the LLM prompt"),
+        TensorSpec(ENCODER.GRID_THW, "TYPE_INT64", (3,),
+                   doc="image encoder only: the (t, h, w) patch grid before merging"),
+    ),
+)
+
+# --- Audio generator (omni_audio) ------------------------------------------------------
+# Codec tokens -> waveform, one chunk per request. Stateless: a request carries
+# the chunk's codes after `context_tokens` codes of left context that were
+# already voiced, so chunks of different streams batch together.
+
+class AUDIO:
+    CODEC_TOKENS = "codec_tokens"
+    CONTEXT_TOKENS = "context_tokens"
+    SPEAKER = "speaker"
+    SEED = "seed"
+
+    AUDIO_CHUNK = "audio_chunk"
+    SAMPLE_RATE = "sample_rate"
+
+
+AUDIO_CONTRACT = StageContract(
+    backend="omni_audio",
+    batching="triton",
+    inputs=(
+        TensorSpec(AUDIO.CODEC_TOKENS, "TYPE_INT64", (-1,), ragged=True,
+                   doc="left-context codes followed by the codes of this chunk"),
+        TensorSpec(AUDIO.CONTEXT_TOKENS, "TYPE_INT32", (1,), optional=True,
+                   doc="how many leading codes are context only (default 0)"),
+        TensorSpec(AUDIO.SPEAKER, "TYPE_STRING", (1,), optional=True,
+                   doc="voice name (default: the stage's default speaker)"),
+        TensorSpec(AUDIO.SEED, "TYPE_INT64", (1,), optional=True,
+                   doc="seed of the flow-matching noise (same audio alone or batched)"),
+    ),
+    outputs=(
+        TensorSpec(AUDIO.AUDIO_CHUNK, "TYPE_FP32", (-1,), doc="mono PCM in [-1, 1]"),
+        TensorSpec(AUDIO.SAMPLE_RATE, "TYPE_INT32", (1,)),
+    ),
+)
+
+CONTRACTS: dict[str, StageContract] = {
+    c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT, ENCODER_CONTRACT, AUDIO_CONTRACT)}
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"

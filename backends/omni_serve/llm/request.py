@@ -23,7 +23,7 @@ class LLMRequest:
     """One generation request as the stage sees it."""
 
     request_id: str
-    prompt: str
+    prompt: str | None
     sampling: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     # vllm_backend semantics: non-streaming responses carry the prompt unless
@@ -32,6 +32,11 @@ class LLMRequest:
     return_finish_reason: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    return_token_ids: bool = False
+    # Omni extras: the prompt as token ids, and encoder rows for the
+    # multimodal placeholder tokens of the prompt (tokens x hidden).
+    prompt_token_ids: list[int] | None = None
+    mm_embeds: np.ndarray | None = None
 
 
 @dataclass
@@ -43,6 +48,7 @@ class LLMOutput:
     num_input_tokens: int
     num_output_tokens: int
     final: bool
+    token_ids: tuple[int, ...] = ()
 
 
 def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
@@ -52,7 +58,8 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
     last = outputs[-1]
     return LLMOutput(text="".join(o.text for o in outputs), finish_reason=last.finish_reason,
                      num_input_tokens=last.num_input_tokens,
-                     num_output_tokens=last.num_output_tokens, final=last.final)
+                     num_output_tokens=last.num_output_tokens, final=last.final,
+                     token_ids=tuple(t for o in outputs for t in o.token_ids))
 
 
 _TRUE = {"true", "1", "yes"}
@@ -80,10 +87,16 @@ def parse_request(
     in vllm_backend); the `sampling_parameters` tensor wins on conflicts.
     """
     prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
-    if prompt is None:
-        raise RequestError(LLM.TEXT_INPUT, "is required")
-    if not prompt:
+    token_ids = _token_ids(tensors.get(LLM.PROMPT_TOKEN_IDS))
+    if prompt is None and token_ids is None:
+        raise RequestError(LLM.TEXT_INPUT, f"is required (or send {LLM.PROMPT_TOKEN_IDS})")
+    if prompt is not None and token_ids is not None:
+        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"send either it or {LLM.TEXT_INPUT}, not both")
+    if prompt is not None and not prompt:
         raise RequestError(LLM.TEXT_INPUT, "must not be empty")
+    mm_embeds = _mm_embeds(tensors.get(LLM.MM_EMBEDS))
+    if mm_embeds is not None and prompt is None:
+        raise RequestError(LLM.MM_EMBEDS, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
 
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}
@@ -101,7 +114,38 @@ def parse_request(
         sampling.parse_json(scalar(tensors, LLM.SAMPLING_PARAMETERS))
     )
     return LLMRequest(request_id=request_id, prompt=prompt,
-                      sampling={**from_params, **from_tensor}, **flags)
+                      sampling={**from_params, **from_tensor}, prompt_token_ids=token_ids,
+                      mm_embeds=mm_embeds, **flags)
+
+
+def _token_ids(arr: np.ndarray | None) -> list[int] | None:
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.dtype.kind not in "iu":
+        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"must be integers, got {arr.dtype}")
+    ids = arr.reshape(-1)
+    if ids.size == 0:
+        raise RequestError(LLM.PROMPT_TOKEN_IDS, "must not be empty")
+    if ids.min() < 0:
+        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"token ids must be >= 0, got {int(ids.min())}")
+    return [int(t) for t in ids]
+
+
+def _mm_embeds(arr: np.ndarray | None) -> np.ndarray | None:
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.ndim == 3 and arr.shape[0] == 1:  # a client that sent a batch dim
+        arr = arr[0]
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise RequestError(LLM.MM_EMBEDS, f"must be a non-empty [tokens, hidden] matrix, "
+                                          f"got shape {list(arr.shape)}")
+    if arr.dtype != np.float32:
+        raise RequestError(LLM.MM_EMBEDS, f"must be FP32, got {arr.dtype}")
+    if not np.isfinite(arr).all():
+        raise RequestError(LLM.MM_EMBEDS, "must be finite (found NaN or inf)")
+    return arr
 
 
 def _parameters_dict(parameters: str | dict[str, Any] | None) -> dict[str, Any]:

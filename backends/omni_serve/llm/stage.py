@@ -20,8 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from omni_serve.contract import LLM, MM_PLACEHOLDER_TOKENS
 from omni_serve.errors import RequestError, StageUnavailableError
 from omni_serve.llm import sampling
+from omni_serve.llm.embeds import PromptEmbedder
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,7 @@ class LLMStage:
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name=f"{name}-engine-loop", daemon=True)
         self._live: dict[str, Future] = {}  # request id -> its task, until it ends
+        self._by_client_id: dict[str, str] = {}  # caller's Triton request id -> request id
         self._live_lock = threading.Lock()
         self._stopping = threading.Event()
         self.max_model_len: int | None = None
@@ -105,6 +108,10 @@ class LLMStage:
         self.engine = AsyncLLM.from_engine_args(
             args, stat_loggers=[_stat_logger_factory(self.metrics)])
         self.max_model_len = self.engine.model_config.max_model_len
+        self.embedder = None
+        if self.engine_args.get("enable_prompt_embeds"):
+            self.embedder = PromptEmbedder.from_checkpoint(
+                self.engine.model_config.model, self._placeholder_ids())
         log.info("[%s] engine ready (model=%s, max_model_len=%s)", self.name,
                  self.engine_args.get("model"), self.max_model_len)
 
@@ -126,9 +133,18 @@ class LLMStage:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
+    def _placeholder_ids(self) -> set[int]:
+        tokenizer = self.engine.renderer.tokenizer
+        vocab = tokenizer.get_vocab()
+        return {vocab[t] for t in MM_PLACEHOLDER_TOKENS if t in vocab}
+
     # --- requests ----------------------------------------------------------------
-    def submit(self, request: LLMRequest, sink: Sink, arrival: float | None = None) -> None:
-        """Schedule one request; outputs and errors go to `sink`. Never blocks."""
+    def submit(self, request: LLMRequest, sink: Sink, arrival: float | None = None,
+               client_id: str | None = None) -> None:
+        """Schedule one request; outputs and errors go to `sink`. Never blocks.
+
+        `client_id` (the caller's Triton request id) lets `abort_client` find it.
+        """
         if self._stopping.is_set() or self.engine is None:
             sink.fail(StageUnavailableError(f"stage {self.name} is not serving"))
             return
@@ -136,30 +152,60 @@ class LLMStage:
         fut = asyncio.run_coroutine_threadsafe(self._generate(request, sink, arrival), self._loop)
         with self._live_lock:
             self._live[request.request_id] = fut
-        fut.add_done_callback(lambda _: self._forget(request.request_id))
+            if client_id:
+                self._by_client_id[client_id] = request.request_id
+        fut.add_done_callback(lambda _: self._forget(request.request_id, client_id))
+
+    def abort_client(self, client_id: str) -> bool:
+        """Abort the live request the caller submitted as `client_id`; False if none."""
+        with self._live_lock:
+            request_id = self._by_client_id.get(client_id)
+        if request_id is None:
+            return False
+        self.abort(request_id)
+        return True
 
     def abort(self, request_id: str) -> None:
         """Abort a request in the engine (thread-safe, no-op when finished)."""
         if self.engine is not None and not self._loop.is_closed():
             asyncio.run_coroutine_threadsafe(self.engine.abort(request_id), self._loop)
 
-    def _forget(self, request_id: str) -> None:
+    def _forget(self, request_id: str, client_id: str | None = None) -> None:
         with self._live_lock:
             self._live.pop(request_id, None)
+            if client_id and self._by_client_id.get(client_id) == request_id:
+                del self._by_client_id[client_id]
 
-    async def _render(self, prompt: str):
+    async def _render_prompt(self, prompt: dict):
         from vllm.renderers.inputs.preprocess import parse_model_prompt  # noqa: PLC0415
 
-        parsed = parse_model_prompt(self.engine.model_config, {"prompt": prompt})
+        parsed = parse_model_prompt(self.engine.model_config, prompt)
         (engine_input,) = await self.engine.renderer.render_cmpl_async([parsed])
         return engine_input
+
+    async def _render(self, req: LLMRequest):
+        if req.prompt_token_ids is not None:
+            vocab = self.engine.model_config.get_vocab_size()
+            if max(req.prompt_token_ids) >= vocab:
+                raise RequestError(LLM.PROMPT_TOKEN_IDS,
+                                   f"token ids must be below the vocabulary size {vocab}, "
+                                   f"got {max(req.prompt_token_ids)}")
+            return await self._render_prompt({"prompt_token_ids": req.prompt_token_ids})
+        if req.mm_embeds is None:
+            return await self._render_prompt({"prompt": req.prompt})
+        if self.embedder is None:
+            raise RequestError(LLM.MM_EMBEDS, f"stage {self.name} does not take embeddings "
+                                              f"(its engine_args lack enable_prompt_embeds: true)")
+        tokens = await self._render_prompt({"prompt": req.prompt})
+        embeds = self.embedder.embed(list(tokens["prompt_token_ids"]), req.mm_embeds)
+        return await self._render_prompt({"prompt_embeds": embeds})
 
     async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
         from vllm.exceptions import VLLMClientError  # noqa: PLC0415
 
         try:
             params = sampling.build(req.sampling, stream=req.stream)
-            engine_input = await self._render(req.prompt)
+            engine_input = await self._render(req)
             await self._stream(req, sink, params, engine_input, arrival)
         except RequestError as e:
             sink.fail(e)
@@ -182,10 +228,11 @@ class LLMStage:
         last_at = 0.0
         n_out = 0
         n_in = 0
+        n_in_embeds = len(engine_input.get("prompt_embeds", ())) if isinstance(engine_input, dict) else 0
         async for out in self.engine.generate(engine_input, params, req.request_id):
             now = time.perf_counter()
             comp = out.outputs[0]
-            n_in = len(out.prompt_token_ids or ())
+            n_in = len(out.prompt_token_ids or ()) or n_in_embeds
             new_tokens = len(comp.token_ids)
             if first_at is None and new_tokens:
                 first_at = now
@@ -194,10 +241,10 @@ class LLMStage:
             n_out = n_out + new_tokens if req.stream else new_tokens
             text = comp.text
             if not req.stream and not req.exclude_input_in_output:
-                text = (out.prompt or req.prompt) + text
+                text = (out.prompt or req.prompt or "") + text
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
                                 num_input_tokens=n_in, num_output_tokens=n_out,
-                                final=out.finished))
+                                final=out.finished, token_ids=tuple(comp.token_ids)))
         self.metrics.tokens(n_in, n_out)
         if first_at is not None and n_out > 1:  # vLLM's definition: decode time / (n - 1)
             self.metrics.time_per_output_token((last_at - first_at) / (n_out - 1))

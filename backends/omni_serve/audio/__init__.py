@@ -1,0 +1,1 @@
+"""Audio generator (omni_audio): codec tokens -> waveform chunks."""

@@ -1,0 +1,1 @@
+"""Modality encoders (omni_encoder): media bytes -> embeddings for the LLM prompt."""

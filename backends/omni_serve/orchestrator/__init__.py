@@ -1,0 +1,1 @@
+"""Orchestrator (omni_orchestrator): runs one pipeline's stage graph per request."""
