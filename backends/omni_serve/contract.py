@@ -258,8 +258,64 @@ AUDIO_CONTRACT = StageContract(
     ),
 )
 
+# --- Orchestrator (omni_orchestrator) --------------------------------------------------
+# The entry model of a multi-stage pipeline: decoupled, one request at a time
+# (it fans out to the stages itself); every response carries what is new.
+
+class OMNI:
+    TEXT_INPUT = "text_input"
+    IMAGE = "image"
+    AUDIO = "audio"
+    MODALITIES = "modalities"
+    SAMPLING_PARAMETERS = "sampling_parameters"
+    SPEAKER = "speaker"
+    SEED = "seed"
+
+    TEXT_OUTPUT = "text_output"
+    AUDIO_CHUNK = "audio_chunk"
+    SAMPLE_RATE = "sample_rate"
+    IMAGE_OUTPUT = "image"
+    FINISH_REASON = "finish_reason"
+    METRICS = "metrics"
+
+    MODALITY_NAMES = ("text", "audio", "image")
+
+
+OMNI_CONTRACT = StageContract(
+    backend="omni_orchestrator",
+    decoupled=True,
+    batching="engine",
+    checkpoint_marker="",  # no checkpoint: it only calls the other stages
+    inputs=(
+        TensorSpec(OMNI.TEXT_INPUT, "TYPE_STRING", (1,), doc="the user's message"),
+        TensorSpec(OMNI.IMAGE, "TYPE_STRING", (1,), optional=True,
+                   doc="an image file's bytes (PNG, JPEG, WebP, ...)"),
+        TensorSpec(OMNI.AUDIO, "TYPE_STRING", (1,), optional=True,
+                   doc="an audio file's bytes (WAV, FLAC, OGG)"),
+        TensorSpec(OMNI.MODALITIES, "TYPE_STRING", (-1,), optional=True,
+                   doc='outputs wanted, any of "text", "audio", "image" (default: text)'),
+        TensorSpec(OMNI.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
+                   doc="JSON object of vLLM SamplingParams fields for the thinker"),
+        TensorSpec(OMNI.SPEAKER, "TYPE_STRING", (1,), optional=True,
+                   doc="voice of the speech output (default: the audio stage's)"),
+        TensorSpec(OMNI.SEED, "TYPE_INT64", (1,), optional=True,
+                   doc="seed of the audio and image generators"),
+    ),
+    outputs=(
+        TensorSpec(OMNI.TEXT_OUTPUT, "TYPE_STRING", (1,), doc="the new text (a delta)"),
+        TensorSpec(OMNI.AUDIO_CHUNK, "TYPE_FP32", (-1,), doc="the next mono PCM chunk"),
+        TensorSpec(OMNI.SAMPLE_RATE, "TYPE_INT32", (1,), doc="of audio_chunk"),
+        TensorSpec(OMNI.IMAGE_OUTPUT, "TYPE_STRING", (1,), doc="PNG bytes of the generated image"),
+        TensorSpec(OMNI.FINISH_REASON, "TYPE_STRING", (1,),
+                   doc="on the last response: the thinker's finish reason"),
+        TensorSpec(OMNI.METRICS, "TYPE_STRING", (1,),
+                   doc="on the last response: JSON of this request's timings"),
+    ),
+)
+
 CONTRACTS: dict[str, StageContract] = {
-    c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT, ENCODER_CONTRACT, AUDIO_CONTRACT)}
+    c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT, ENCODER_CONTRACT, AUDIO_CONTRACT,
+                           OMNI_CONTRACT)}
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"

@@ -18,3 +18,21 @@ class RequestError(ValueError):
 
 class StageUnavailableError(RuntimeError):
     """The stage cannot serve now (engine dead, shutting down); maps to UNAVAILABLE."""
+
+
+ErrorCode = str  # "INVALID_ARG" | "UNAVAILABLE" | "INTERNAL" | "CANCELLED"
+
+
+class StageFailedError(RuntimeError):
+    """A stage the orchestrator called failed; the message names the stage.
+
+    `code` is the Triton error code the client gets: the stage's own code for
+    a rejected request (INVALID_ARG), UNAVAILABLE when the stage is down or
+    silent past its timeout, INTERNAL otherwise.
+    """
+
+    def __init__(self, role: str, model: str, message: str, code: ErrorCode = "INTERNAL"):
+        super().__init__(f"stage '{role}' (model {model}) failed: {message}")
+        self.role = role
+        self.model = model
+        self.code = code

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from omni_serve.contract import StageContract
-from omni_serve.errors import RequestError, StageUnavailableError
+from omni_serve.errors import RequestError, StageFailedError, StageUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,11 @@ def triton_error(exc: Exception):
         code = pb_utils.TritonError.INVALID_ARG
     elif isinstance(exc, StageUnavailableError):
         code = pb_utils.TritonError.UNAVAILABLE
+    elif isinstance(exc, StageFailedError):
+        code = getattr(pb_utils.TritonError, exc.code, pb_utils.TritonError.INTERNAL)
     else:
         code = pb_utils.TritonError.INTERNAL
-    msg = str(exc) if isinstance(exc, (RequestError, StageUnavailableError)) else (
+    msg = str(exc) if isinstance(exc, (RequestError, StageUnavailableError, StageFailedError)) else (
         f"{type(exc).__name__}: {exc}")
     return pb_utils.TritonError(msg, code)
 
@@ -284,3 +286,129 @@ class Metrics:
     def histogram(self, name: str, doc: str, buckets: Iterable[float]):
         return self._family(name, doc, "HISTOGRAM").Metric(labels=self.labels,
                                                            buckets=list(buckets))
+
+    def histograms(self, name: str, doc: str, buckets: Iterable[float], label: str,
+                   values: Iterable[str]) -> dict[str, Any]:
+        """One histogram family, one metric per value of the extra `label`."""
+        fam = self._family(name, doc, "HISTOGRAM")
+        return {v: fam.Metric(labels={**self.labels, label: v}, buckets=list(buckets))
+                for v in values}
+
+
+# --- BLS: calling other models of this server ------------------------------------------
+
+def _error_code(error) -> str:
+    pb_utils = pb()
+    code = error.code() if hasattr(error, "code") else None
+    for name in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "NOT_FOUND"):
+        if code is not None and code == getattr(pb_utils.TritonError, name, object()):
+            return "UNAVAILABLE" if name == "NOT_FOUND" else name
+    return "INTERNAL"
+
+
+class BlsStageClient:
+    """The orchestrator's StageClient over BLS (pb_utils.InferenceRequest).
+
+    BLS calls block, so they run on a dedicated thread pool (one thread per
+    call in flight, streams included) and hand results to the event loop.
+    Triton 2.51 cannot cancel a BLS child stream, so leaving a stream early
+    sends the stage an abort control request naming the child's request id
+    (omni_llm honours it), and the child then ends on its own.
+    """
+
+    def __init__(self, max_threads: int = 256):
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="bls")
+
+    @staticmethod
+    def _request(model: str, inputs: dict[str, np.ndarray], outputs, request_id: str = "",
+                 parameters: dict[str, Any] | None = None):
+        pb_utils = pb()
+        kwargs: dict[str, Any] = {
+            "model_name": model,
+            "inputs": [pb_utils.Tensor(name, arr) for name, arr in inputs.items()],
+            "requested_output_names": list(outputs),
+        }
+        if request_id:
+            kwargs["request_id"] = request_id
+        if parameters:
+            kwargs["parameters"] = parameters
+        return pb_utils.InferenceRequest(**kwargs)
+
+    @staticmethod
+    def _outputs(response, outputs) -> dict[str, np.ndarray]:
+        from omni_serve.orchestrator.pipeline import StageCallError  # noqa: PLC0415
+
+        if response.has_error():
+            error = response.error()
+            raise StageCallError(_error_code(error), error.message())
+        pb_utils = pb()
+        out = {}
+        for name in outputs:
+            tensor = pb_utils.get_output_tensor_by_name(response, name)
+            if tensor is not None:
+                out[name] = tensor.as_numpy()
+        return out
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], outputs) -> dict[str, np.ndarray]:
+        import asyncio  # noqa: PLC0415
+
+        loop = asyncio.get_running_loop()
+        response = await loop.run_in_executor(
+            self._pool, lambda: self._request(model, inputs, outputs).exec())
+        return self._outputs(response, outputs)
+
+    async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs, *,
+                     request_id: str, timeout_s: float):
+        import asyncio  # noqa: PLC0415
+
+        from omni_serve.orchestrator.pipeline import StageCallError  # noqa: PLC0415
+
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)  # noqa: E731
+
+        def pump() -> None:
+            try:
+                for response in self._request(model, inputs, outputs, request_id).exec(decoupled=True):
+                    put(("response", response))
+            except Exception as e:  # noqa: BLE001 - reported to the consumer
+                put(("exception", e))
+            finally:
+                put(("end", None))
+
+        loop.run_in_executor(self._pool, pump)
+        finished = False
+        try:
+            while True:
+                try:
+                    kind, item = await asyncio.wait_for(q.get(), timeout_s)
+                except TimeoutError:
+                    raise StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s") from None
+                if kind == "end":
+                    finished = True
+                    return
+                if kind == "exception":
+                    finished = True
+                    raise StageCallError("INTERNAL", f"{type(item).__name__}: {item}")
+                out = self._outputs(item, outputs)
+                if out:
+                    yield out
+        finally:
+            if not finished:
+                self._pool.submit(self._abort, model, request_id)
+
+    def _abort(self, model: str, request_id: str) -> None:
+        from omni_serve.contract import LLM  # noqa: PLC0415
+
+        try:
+            request = self._request(model, {}, [LLM.FINISH_REASON],
+                                    parameters={LLM.ABORT_PARAMETER: request_id})
+            for _ in request.exec(decoupled=True):
+                pass
+        except Exception:  # noqa: BLE001 - the stage may be gone; nothing left to stop
+            log.warning("could not abort %s on %s", request_id, model, exc_info=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 from google.protobuf import json_format, text_format
+from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2
 
 from omni_serve.contract import CONTRACTS, ENGINE_ARGS_FILE, TensorSpec
@@ -45,6 +46,7 @@ from .spec import (
     load_spec,
     parse_spec,
     resolve_model_path,
+    stage_config_class,
     tiny_models_module,
 )
 
@@ -76,6 +78,8 @@ def _tensor(tensor: TensorSpec, *, is_input: bool) -> dict:
     entry = {"name": tensor.name, "data_type": tensor.data_type, "dims": list(tensor.dims)}
     if is_input and tensor.optional:
         entry["optional"] = True
+    if is_input and tensor.ragged:
+        entry["allow_ragged_batch"] = True
     return entry
 
 
@@ -121,10 +125,42 @@ def _resolve_model(spec: PipelineSpec, name: str, stage: StageSpec) -> Path:
             return resolve_model_path(stage.model, spec.base_dir, marker)
         except ValueError as e:
             raise SpecError(spec.source, [f"stages.{name}.model: {e}"]) from None
-    path = Path(tiny_models_module().ensure_model(tiny)).resolve()
+    base, _, sub = tiny.partition("/")
+    path = Path(tiny_models_module().ensure_model(base)).resolve() / sub
     if not (path / marker).is_file():
         raise RepoError(f"built-in tiny model {tiny} at {path} has no {marker}")
     return path
+
+
+TALKER_CODEC_FILE = "omni_talker.json"
+
+
+def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
+                         models: dict[str, str]) -> dict:
+    """The orchestrator's engine.json: its engine_args, plus the talker's codec layout."""
+    engine = dict(stage.engine_args)
+    talker = (engine.get("stages") or {}).get("talker")
+    if talker and "codec" not in engine and talker in models:
+        codec_file = Path(models[talker]) / TALKER_CODEC_FILE
+        try:
+            engine["codec"] = json.loads(codec_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise SpecError(spec.source, [
+                f"stages.{name}.engine_args.codec: required because the talker checkpoint "
+                f"has no readable {codec_file} ({e}); give offset, size, bos and eos"]) from None
+    return engine
+
+
+def _check_stage_config(spec: PipelineSpec, name: str, backend: str, engine: dict) -> None:
+    config = stage_config_class(backend)
+    if config is None:
+        return
+    try:
+        config.model_validate(engine)
+    except ValidationError as e:
+        raise SpecError(spec.source, [
+            f"stages.{name}.engine_args{'.' + '.'.join(map(str, err['loc'])) if err['loc'] else ''}: "
+            f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]) from None
 
 
 def plan(spec: PipelineSpec, *, resolve_models: bool = True) -> list[StagePlan]:
@@ -133,12 +169,20 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True) -> list[StagePlan]:
     With `resolve_models=False` tiny models are not built (engine "model" is
     then the spec's own reference); that is what `--check` uses.
     """
-    spec = parse_spec(spec.model_dump(), base_dir=spec.base_dir, source=spec.source)
+    spec = parse_spec(spec.model_dump(exclude_none=True), base_dir=spec.base_dir,
+                      source=spec.source)
+    models = {name: str(_resolve_model(spec, name, stage)) if resolve_models else stage.model
+              for name, stage in spec.stages.items() if stage.model is not None}
     plans = []
     for name, stage in spec.stages.items():
-        model = str(_resolve_model(spec, name, stage)) if resolve_models else stage.model
-        plans.append(StagePlan(name, build_model_config(name, stage),
-                               {"model": model, **stage.engine_args}))
+        if stage.model is None:
+            engine = _orchestrator_engine(spec, name, stage, models) if resolve_models \
+                else dict(stage.engine_args)
+        else:
+            engine = {"model": models[name], **stage.engine_args}
+        if resolve_models:
+            _check_stage_config(spec, name, stage.backend, engine)
+        plans.append(StagePlan(name, build_model_config(name, stage), engine))
     return plans
 
 

@@ -42,7 +42,15 @@ from omni_serve.contract import CONTRACTS
 logger = logging.getLogger(__name__)
 
 # Backends a stage may name; each has a tensor contract in omni_serve.contract.
-Backend = Literal["omni_llm", "omni_dit"]
+Backend = Literal["omni_llm", "omni_dit", "omni_encoder", "omni_audio", "omni_orchestrator"]
+# Backends without a checkpoint of their own (they call the other stages).
+MODELLESS_BACKENDS = frozenset({"omni_orchestrator"})
+# Which backend each orchestrator role must name.
+ROLE_BACKENDS = {
+    "thinker": "omni_llm", "talker": "omni_llm", "image_encoder": "omni_encoder",
+    "audio_encoder": "omni_encoder", "audio_decoder": "omni_audio",
+    "image_generator": "omni_dit",
+}
 InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
 
 # Backends whose engine batches by itself: Triton must hand requests over one by one.
@@ -131,6 +139,9 @@ def _check_tiny_name(name: str) -> None:
         known = tiny_models_module().TINY_MODELS
     except ImportError as e:
         raise ValueError(f"built-in tiny models are unavailable ({e})") from e
+    name, _, sub = name.partition("/")
+    if sub and (sub.startswith(("/", ".")) or ".." in sub.split("/")):
+        raise ValueError(f"invalid part {sub!r} of a tiny model; use tiny:<name>/<folder>")
     if name not in known:
         raise ValueError(f"unknown built-in tiny model {name!r}; known: "
                          f"{', '.join(TINY_PREFIX + n for n in sorted(known))}")
@@ -163,7 +174,7 @@ class StageSpec(_Strict):
     """One stage: a Triton model served by one of the omni backends."""
 
     backend: Backend
-    model: str
+    model: str | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
     instances: InstancesSpec = Field(default_factory=InstancesSpec)
     max_batch_size: Annotated[int, Field(ge=0)] | None = None
@@ -172,7 +183,7 @@ class StageSpec(_Strict):
 
     @property
     def tiny_model(self) -> str | None:
-        return tiny_model_name(self.model)
+        return None if self.model is None else tiny_model_name(self.model)
 
     @property
     def triton_batched(self) -> bool:
@@ -192,7 +203,15 @@ class StageSpec(_Strict):
 
     @field_validator("model")
     @classmethod
-    def _model_usable(cls, model: str, info: ValidationInfo) -> str:
+    def _model_usable(cls, model: str | None, info: ValidationInfo) -> str | None:
+        backend = info.data.get("backend")
+        if backend in MODELLESS_BACKENDS:
+            if model is not None:
+                raise ValueError(f"not used by backend {backend} (it only calls the other "
+                                 "stages); remove the key")
+            return model
+        if model is None:
+            raise ValueError("required: a checkpoint directory or tiny:<name>")
         name = tiny_model_name(model)
         if name is not None:
             _check_tiny_name(name)
@@ -296,6 +315,47 @@ class PipelineSpec(_Strict):
         return stages
 
     @model_validator(mode="after")
+    def _stage_models_given(self) -> PipelineSpec:
+        missing = [((("stages", name, "model"), "required: a checkpoint directory or tiny:<name>"))
+                   for name, stage in self.stages.items()
+                   if stage.model is None and stage.backend not in MODELLESS_BACKENDS]
+        if missing:
+            raise _Problems(*missing)
+        return self
+
+    @model_validator(mode="after")
+    def _orchestrator_roles_exist(self) -> PipelineSpec:
+        problems = []
+        for name, stage in self.stages.items():
+            if stage.backend != "omni_orchestrator":
+                continue
+            roles = stage.engine_args.get("stages")
+            if not isinstance(roles, Mapping):
+                problems.append(((("stages", name, "engine_args", "stages"),
+                                  f"required: a mapping of roles ({', '.join(ROLE_BACKENDS)}) "
+                                  "to stage names")))
+                continue
+            for role, target in roles.items():
+                where = ("stages", name, "engine_args", "stages", role)
+                if role not in ROLE_BACKENDS:
+                    problems.append((where, f"unknown role; roles: {', '.join(ROLE_BACKENDS)}"))
+                elif target is None:
+                    continue
+                elif target not in self.stages:
+                    problems.append((where, f"no stage named {target!r}; stages: "
+                                            f"{', '.join(self.stages)}"))
+                elif self.stages[target].backend != ROLE_BACKENDS[role]:
+                    problems.append((where, f"stage {target!r} has backend "
+                                            f"{self.stages[target].backend}; the {role} role needs "
+                                            f"{ROLE_BACKENDS[role]}"))
+            if "thinker" not in roles:
+                problems.append((("stages", name, "engine_args", "stages", "thinker"),
+                                 "required key is missing"))
+        if problems:
+            raise _Problems(*problems)
+        return self
+
+    @model_validator(mode="after")
     def _entry_is_a_stage(self) -> PipelineSpec:
         names = ", ".join(self.stages)
         if self.entry is None:
@@ -315,15 +375,34 @@ def _base_dir(info: ValidationInfo) -> Path:
 _ENGINE_ARGS_DOC = {
     "omni_llm": ("vLLM engine argument", "the fields of vllm.engine.arg_utils.AsyncEngineArgs"),
     "omni_dit": ("omni_dit pipeline argument", "the fields of omni_serve.dit.config.DitStageConfig"),
+    "omni_encoder": ("omni_encoder argument",
+                     "the fields of omni_serve.encoder.config.EncoderStageConfig"),
+    "omni_audio": ("omni_audio argument", "the fields of omni_serve.audio.config.AudioStageConfig"),
+    "omni_orchestrator": ("omni_orchestrator argument",
+                          "the fields of omni_serve.orchestrator.config.OrchestratorConfig"),
 }
+
+# The typed config each non-vLLM backend validates its engine.json with.
+STAGE_CONFIGS = {
+    "omni_dit": "omni_serve.dit.config:DitStageConfig",
+    "omni_encoder": "omni_serve.encoder.config:EncoderStageConfig",
+    "omni_audio": "omni_serve.audio.config:AudioStageConfig",
+    "omni_orchestrator": "omni_serve.orchestrator.config:OrchestratorConfig",
+}
+
+
+def stage_config_class(backend: str) -> type[BaseModel] | None:
+    if backend not in STAGE_CONFIGS:
+        return None
+    module, name = STAGE_CONFIGS[backend].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def engine_arg_names(backend: str) -> frozenset[str] | None:
     """The engine_args keys a backend accepts (None: cannot be checked here)."""
-    if backend == "omni_dit":
-        from omni_serve.dit.config import DitStageConfig
-
-        return frozenset(DitStageConfig.model_fields) - {"model"}
+    config = stage_config_class(backend)
+    if config is not None:
+        return frozenset(config.model_fields) - {"model"}
     return vllm_engine_arg_names()
 
 

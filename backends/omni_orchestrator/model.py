@@ -1,0 +1,137 @@
+"""Triton adapter of the orchestrator (`backend: "omni_orchestrator"`), loaded by the Python stub.
+
+Thin by design: engine.json -> OrchestratorConfig; each request is parsed,
+then runs as one task of OmniPipeline on the orchestrator's own event loop,
+calling the other stages over BLS. Its events go out through the shared
+ResponseSender (text deltas and audio chunks that pile up are merged into
+one response); a client cancel cancels the task, which aborts every child
+stream. Per-request timings feed Triton's /metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import threading
+
+import numpy as np
+
+from omni_serve.contract import ENGINE_ARGS_FILE, OMNI, OMNI_CONTRACT
+from omni_serve.orchestrator.config import OrchestratorConfig
+from omni_serve.orchestrator.pipeline import AudioChunk, Final, ImageOut, OmniPipeline, TextDelta
+from omni_serve.orchestrator.request import parse_request
+from omni_serve.tritonio import (
+    BlsStageClient,
+    Metrics,
+    Outbox,
+    ResponseSender,
+    make_response,
+    pb,
+    read_inputs,
+)
+
+log = logging.getLogger("omni_orchestrator")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
+_ROLES = ("thinker", "image_encoder", "audio_encoder", "talker", "audio_decoder", "image_generator")
+
+
+def _response(events: list):
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    audio = [e for e in events if isinstance(e, AudioChunk)]
+    images = [e for e in events if isinstance(e, ImageOut)]
+    final = next((e for e in events if isinstance(e, Final)), None)
+    tensors: dict[str, np.ndarray] = {}
+    if text:
+        tensors[OMNI.TEXT_OUTPUT] = np.array([text.encode("utf-8")], dtype=np.object_)
+    if audio:
+        tensors[OMNI.AUDIO_CHUNK] = np.concatenate([a.pcm for a in audio]).astype(np.float32)
+        tensors[OMNI.SAMPLE_RATE] = np.array([audio[0].sample_rate], dtype=np.int32)
+    if images:
+        tensors[OMNI.IMAGE_OUTPUT] = np.array([images[-1].png], dtype=np.object_)
+    if final is not None:
+        tensors[OMNI.FINISH_REASON] = np.array([final.finish_reason.encode()], dtype=np.object_)
+        tensors[OMNI.METRICS] = np.array([json.dumps(final.metrics).encode()], dtype=np.object_)
+    return make_response(tensors), final is not None
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        config = json.loads(args["model_config"])
+        if not pb().using_decoupled_model_transaction_policy(config):
+            raise pb().TritonModelException(
+                f"{self.model_name}: omni_orchestrator needs model_transaction_policy "
+                "{ decoupled: true }")
+        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
+            self.cfg = OrchestratorConfig.model_validate(json.load(f))
+        self._ids = itertools.count()
+        self.client = BlsStageClient()
+        self.pipeline = OmniPipeline(self.cfg, self.client)
+        self.sender = ResponseSender(
+            self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever,
+                                        name=f"{self.model_name}-loop", daemon=True)
+        self._thread.start()
+        self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
+        self._ttft = m.histogram("omni_time_to_first_token_seconds",
+                                 "Request arrival to the first text delta", _LATENCY_BUCKETS)
+        self._ttfa = m.histogram("omni_time_to_first_audio_seconds",
+                                 "Request arrival to the first audio chunk", _LATENCY_BUCKETS)
+        self._rtf = m.histogram("omni_audio_real_time_factor",
+                                "Speech generation wall time / seconds of audio", _RTF_BUCKETS)
+        self._stage = m.histograms("omni_stage_latency_seconds",
+                                   "Per request: seconds spent in calls to each stage",
+                                   _LATENCY_BUCKETS, "stage", _ROLES)
+
+    def execute(self, requests):
+        for request in requests:
+            response_sender = request.get_response_sender()
+            request_id = f"{self.model_name}-{next(self._ids)}"
+            try:
+                req = parse_request(request_id, read_inputs(request, OMNI_CONTRACT), self.cfg)
+            except Exception as e:
+                self.sender.send_error(response_sender, e)
+                continue
+            outbox = Outbox(self.sender, response_sender, merge=_response)
+            future = asyncio.run_coroutine_threadsafe(self._run(req, outbox), self.loop)
+            outbox.on_cancel = future.cancel
+            self.sender.watch(outbox)
+        return None
+
+    async def _run(self, req, outbox: Outbox) -> None:
+        try:
+            await self.pipeline.run(req, lambda event: self._emit(outbox, event))
+        except asyncio.CancelledError:
+            outbox.send(Final("cancelled", {}))
+        except Exception as e:
+            log.warning("[%s] request %s failed: %s", self.model_name, req.request_id, e)
+            outbox.fail(e)
+
+    def _emit(self, outbox: Outbox, event) -> None:
+        if isinstance(event, Final):
+            self._observe(event.metrics)
+        outbox.send(event)
+
+    def _observe(self, metrics: dict) -> None:
+        if metrics.get("time_to_first_token_s") is not None:
+            self._ttft.observe(metrics["time_to_first_token_s"])
+        if metrics.get("time_to_first_audio_s") is not None:
+            self._ttfa.observe(metrics["time_to_first_audio_s"])
+        if metrics.get("audio_rtf") is not None:
+            self._rtf.observe(metrics["audio_rtf"])
+        for role, seconds in metrics.get("stage_seconds", {}).items():
+            if role in self._stage:
+                self._stage[role].observe(seconds)
+
+    def finalize(self):
+        for task in asyncio.all_tasks(self.loop):
+            self.loop.call_soon_threadsafe(task.cancel)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.client.close()
+        self.sender.close()

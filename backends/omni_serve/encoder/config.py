@@ -1,0 +1,48 @@
+"""Arguments of one omni_encoder stage, read from its engine.json (Triton stub and tests).
+
+Validated once at load time: a bad or unknown key fails the stage before it
+serves. The media limits are enforced per request by `omni_serve.encoder.media`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+Modality = Literal["image", "audio"]
+
+
+class EncoderStageConfig(BaseModel):
+    """Typed engine.json of a modality encoder stage; unknown keys are an error.
+
+    `model` is a Qwen2.5-Omni thinker checkpoint directory (or a full
+    Qwen2.5-Omni checkpoint); the stage loads only the tower of `modality`
+    and that modality's preprocessor from it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, description="Qwen2.5-Omni thinker checkpoint directory")
+    modality: Modality
+    dtype: Dtype = "float32"
+    device: Literal["cpu", "cuda"] = "cpu"
+    torch_threads: int = Field(default=1, ge=1)
+    # --- limits on one media item (checked before any decoding work) ---
+    max_media_bytes: int = Field(default=20 * 2**20, ge=1, description="encoded size of one item")
+    # Decompression-bomb guard: the header's width x height, checked before pixels are decoded.
+    max_image_pixels: int = Field(default=32 * 2**20, ge=1)
+    max_image_side: int = Field(default=8192, ge=1)
+    min_image_side: int = Field(default=1, ge=1)
+    max_audio_seconds: float = Field(default=300.0, gt=0.0)
+    sample_rate: int = Field(default=16000, ge=1000, description="the audio tower's input rate")
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> EncoderStageConfig:
+        if self.min_image_side > self.max_image_side:
+            raise ValueError(f"min_image_side={self.min_image_side} exceeds "
+                             f"max_image_side={self.max_image_side}")
+        if self.min_image_side ** 2 > self.max_image_pixels:
+            raise ValueError(f"min_image_side={self.min_image_side} allows no image under "
+                             f"max_image_pixels={self.max_image_pixels}; lower min_image_side")
+        return self

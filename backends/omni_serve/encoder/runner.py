@@ -1,0 +1,257 @@
+"""The omni_encoder runner: media bytes -> embedding rows (runs inside the Triton stub and in tests).
+
+Flow: Triton's dynamic batcher hands the adapter a list of requests, one
+media item each. `EncoderRunner.run` decodes and preprocesses every item on
+its own (a bad one gets its own RequestError), runs the good ones through the
+Qwen2.5-Omni thinker's tower in ONE forward, exactly as the thinker's
+`get_image_features` / `get_audio_features` do, and splits the rows back per
+item. Each item's rows replace its placeholder tokens in the LLM prompt: one
+`<|IMAGE|>` (`<|AUDIO|>`) token per row.
+
+Only the tower of the stage's modality (`visual` or `audio_tower`) and that
+modality's preprocessor are loaded from the checkpoint, which may be a
+thinker-only checkpoint or a full Qwen2.5-Omni one (`thinker.`-prefixed).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_serve.encoder.config import EncoderStageConfig
+from omni_serve.encoder.media import decode_audio, decode_image
+from omni_serve.errors import RequestError
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+THINKER_MODEL_TYPE = "qwen2_5_omni_thinker"
+TOWERS = {"image": "visual", "audio": "audio_tower"}
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """One media item's rows: one per placeholder token of the LLM prompt."""
+
+    embeddings: np.ndarray  # (tokens, hidden) float32
+    grid_thw: np.ndarray | None = None  # images: int64 (3,) patch grid (t, h, w) before merging
+
+
+# --- checkpoint layout ----------------------------------------------------------------
+
+
+def load_thinker_config(model_dir: str | Path) -> Any:
+    """The Qwen2_5OmniThinkerConfig of a thinker checkpoint or of a full Qwen2.5-Omni one."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    thinker = getattr(config, "thinker_config", config)
+    if getattr(thinker, "model_type", None) != THINKER_MODEL_TYPE:
+        raise ValueError(f"{model_dir} is a {config.model_type!r} checkpoint; the omni encoder needs a "
+                         f"Qwen2.5-Omni thinker ({THINKER_MODEL_TYPE!r}) or a full Qwen2.5-Omni checkpoint")
+    return thinker
+
+
+def thinker_tensor_files(model_dir: str | Path) -> tuple[dict[str, Path], str]:
+    """({tensor name: safetensors file}, prefix of the thinker's tensors: "thinker." or "")."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {name: model_dir / file for name, file in weight_map.items()}
+    else:
+        from safetensors import safe_open
+
+        files = {}
+        for path in sorted(model_dir.glob("*.safetensors")):
+            with safe_open(path, "pt") as f:
+                files.update(dict.fromkeys(f.keys(), path))
+    if not files:
+        raise ValueError(f"{model_dir} has no safetensors weights")
+    prefix = "thinker." if any(name.startswith("thinker.") for name in files) else ""
+    return files, prefix
+
+
+def load_thinker_module(model_dir: str | Path, module: str) -> dict[str, torch.Tensor]:
+    """The state dict of the thinker's submodule `module` (e.g. "visual"), read alone."""
+    from safetensors import safe_open
+
+    files, prefix = thinker_tensor_files(model_dir)
+    head = f"{prefix}{module}."
+    by_file: dict[Path, list[str]] = {}
+    for name, path in files.items():
+        if name.startswith(head):
+            by_file.setdefault(path, []).append(name)
+    if not by_file:
+        raise ValueError(f"{model_dir} has no {head}* weights")
+    state = {}
+    for path, names in by_file.items():
+        with safe_open(path, "pt") as f:
+            for name in names:
+                state[name[len(head):]] = f.get_tensor(name)
+    return state
+
+
+def _load_tower(cfg: EncoderStageConfig, thinker_config: Any) -> torch.nn.Module:
+    from transformers.initialization import no_init_weights
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+        Qwen2_5OmniAudioEncoder,
+        Qwen2_5OmniVisionEncoder,
+    )
+
+    if cfg.modality == "image":
+        cls, sub_config = Qwen2_5OmniVisionEncoder, thinker_config.vision_config
+    else:
+        cls, sub_config = Qwen2_5OmniAudioEncoder, thinker_config.audio_config
+    dtype = TORCH_DTYPES[cfg.dtype]
+    with no_init_weights():  # every parameter comes from the checkpoint below
+        tower = cls._from_config(sub_config, dtype=dtype)
+    state = load_thinker_module(cfg.model, TOWERS[cfg.modality])
+    missing, unexpected = tower.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{cfg.model}: the {TOWERS[cfg.modality]} weights do not fit "
+                         f"{cls.__name__} (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    return tower.to(device=cfg.device, dtype=dtype).eval()
+
+
+# --- runner ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    features: np.ndarray  # image: (patches, patch_dim); audio: (mel, frames)
+    grid_thw: np.ndarray | None  # image: int64 (3,)
+    tokens: int
+
+
+class EncoderRunner:
+    """Owns one tower of a Qwen2.5-Omni thinker and its preprocessor."""
+
+    def __init__(self, cfg: EncoderStageConfig):
+        self.cfg = cfg
+        self.modality = cfg.modality
+        torch.set_num_threads(cfg.torch_threads)
+        thinker_config = load_thinker_config(cfg.model)
+        self.hidden_size = int(thinker_config.text_config.hidden_size)
+        if cfg.modality == "image":
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+                Qwen2VLImageProcessorPil,
+            )
+
+            self.processor = Qwen2VLImageProcessorPil.from_pretrained(cfg.model)
+            self.merge = int(thinker_config.vision_config.spatial_merge_size)
+        else:
+            from transformers import WhisperFeatureExtractor
+
+            self.processor = WhisperFeatureExtractor.from_pretrained(cfg.model)
+            self._check_audio_processor()
+        self.tower = _load_tower(cfg, thinker_config)
+        out_dim = (thinker_config.vision_config.out_hidden_size if cfg.modality == "image"
+                   else thinker_config.audio_config.output_dim)
+        if out_dim != self.hidden_size:
+            raise ValueError(f"{cfg.model}: the {TOWERS[cfg.modality]} emits {out_dim}-wide rows but the "
+                             f"text model is {self.hidden_size} wide")
+
+    def _check_audio_processor(self) -> None:
+        fe, cfg = self.processor, self.cfg
+        if fe.sampling_rate != cfg.sample_rate:
+            raise ValueError(f"sample_rate={cfg.sample_rate} but {cfg.model}'s feature extractor expects "
+                             f"{fe.sampling_rate} Hz; set sample_rate to {fe.sampling_rate}")
+        longest = fe.n_samples / fe.sampling_rate
+        if cfg.max_audio_seconds > longest:
+            raise ValueError(f"max_audio_seconds={cfg.max_audio_seconds:g} exceeds the {longest:g} s the "
+                             f"feature extractor of {cfg.model} takes (chunk_length); set "
+                             f"max_audio_seconds <= {longest:g}")
+
+    def run(self, items: list[bytes]) -> list[EncoderOutput | Exception]:
+        """One EncoderOutput or the exception that item raised, per item, in order."""
+        prepared: list[_Prepared | Exception] = []
+        for data in items:
+            try:
+                prepared.append(self._prepare(data))
+            except Exception as e:  # a bad item answers alone
+                prepared.append(e)
+        good = [p for p in prepared if isinstance(p, _Prepared)]
+        outputs = iter(self._forward_isolated(good)) if good else iter(())
+        return [p if isinstance(p, Exception) else next(outputs) for p in prepared]
+
+    # preprocess
+
+    def _prepare(self, data: bytes) -> _Prepared:
+        if self.modality == "image":
+            return self._prepare_image(data)
+        return self._prepare_audio(data)
+
+    def _prepare_image(self, data: bytes) -> _Prepared:
+        image = decode_image(data, self.cfg)
+        try:
+            batch = self.processor(images=[image], return_tensors="np")
+        except ValueError as e:  # e.g. smart_resize's aspect-ratio check
+            raise RequestError("media", f"image cannot be preprocessed: {e}") from e
+        grid = np.asarray(batch["image_grid_thw"][0], dtype=np.int64)
+        tokens = int(grid.prod()) // self.merge**2
+        return _Prepared(np.asarray(batch["pixel_values"], dtype=np.float32), grid, tokens)
+
+    def _prepare_audio(self, data: bytes) -> _Prepared:
+        samples = decode_audio(data, self.cfg)
+        fe = self.processor
+        # The Qwen2.5-Omni processor pads every clip with zeros to n_samples (300 s).
+        # Padding by one FFT window past the end gives the same values for every
+        # frame that touches the audio (the rest is masked out) at a fraction of the cost.
+        batch = fe(samples, sampling_rate=fe.sampling_rate, padding="max_length",
+                   max_length=len(samples) + fe.n_fft, truncation=False, return_attention_mask=True,
+                   return_tensors="np")
+        frames = int(batch["attention_mask"][0].sum())
+        tokens = int(self.tower._get_feat_extract_output_lengths(torch.tensor([frames]))[1][0])
+        if tokens < 1:
+            min_ms = 1000 * (2 * fe.hop_length + 1) / fe.sampling_rate
+            raise RequestError("media", f"audio is {1000 * len(samples) / fe.sampling_rate:.1f} ms long; "
+                                        f"send at least {min_ms:.0f} ms")
+        return _Prepared(np.ascontiguousarray(batch["input_features"][0, :, :frames]), None, tokens)
+
+    # tower forward
+
+    def _forward_isolated(self, group: list[_Prepared]) -> list[EncoderOutput | Exception]:
+        try:
+            return list(self._forward(group))
+        except Exception as e:  # one item must not fail its batch-mates: isolate it below
+            if len(group) == 1:
+                logger.warning("omni_encoder: item failed: %s", e)
+                return [e]
+            logger.warning("omni_encoder: batch of %d failed (%s); retrying one by one", len(group), e)
+        return [out for item in group for out in self._forward_isolated([item])]
+
+    @torch.inference_mode()
+    def _forward(self, group: list[_Prepared]) -> list[EncoderOutput]:
+        device = self.cfg.device
+        if self.modality == "image":
+            # Qwen2_5OmniThinkerForConditionalGeneration.get_image_features
+            pixels = torch.from_numpy(np.concatenate([p.features for p in group]))
+            grid = torch.from_numpy(np.stack([p.grid_thw for p in group]))
+            pixels = pixels.to(device=device, dtype=self.tower.dtype)
+            rows = self.tower(pixels, grid_thw=grid.to(device)).pooler_output
+        else:
+            # Qwen2_5OmniThinkerForConditionalGeneration.get_audio_features
+            features = torch.from_numpy(np.concatenate([p.features for p in group], axis=1)).to(device)
+            lengths = torch.tensor([p.features.shape[1] for p in group], dtype=torch.long, device=device)
+            after_cnn, _ = self.tower._get_feat_extract_output_lengths(lengths)
+            rows = self.tower(features, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state
+        sizes = [p.tokens for p in group]
+        if rows.shape[0] != sum(sizes):
+            raise RuntimeError(f"the tower returned {rows.shape[0]} rows for {sum(sizes)} placeholder tokens")
+        rows = rows.float().cpu().numpy()
+        out, start = [], 0
+        for p, n in zip(group, sizes, strict=True):
+            out.append(EncoderOutput(np.ascontiguousarray(rows[start:start + n]), p.grid_thw))
+            start += n
+        return out
+

@@ -1,0 +1,86 @@
+"""The orchestrator's engine.json: which Triton models play which role, and how chunks flow.
+
+Read in the orchestrator's stub at load time (and in tests); the repository
+generator writes it from the pipeline spec. Unknown keys are an error.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Mode = Literal["pipelined", "sequential"]
+
+
+class TalkerCodec(BaseModel):
+    """Where the talker's codec tokens live in its vocabulary (from the talker checkpoint)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    offset: int = Field(ge=0, description="token id of codec 0")
+    size: int = Field(ge=2, description="number of codec ids the audio stage accepts")
+    bos: int = Field(ge=0, description="token id that starts the codec part of a talker prompt")
+    eos: int = Field(ge=0, description="token id that ends a talker reply")
+
+
+class StageRoles(BaseModel):
+    """Triton model names of the stages; a missing role disables what needs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    thinker: str
+    image_encoder: str | None = None
+    audio_encoder: str | None = None
+    talker: str | None = None
+    audio_decoder: str | None = None
+    image_generator: str | None = None
+
+
+class OrchestratorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stages: StageRoles
+    codec: TalkerCodec | None = None
+    mode: Mode = "pipelined"
+    system_prompt: str = "You are a helpful assistant that can hear, see and speak."
+    # Thinker defaults (a request's sampling_parameters override them).
+    thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
+    # Speech: the thinker's reply goes to the talker in segments of
+    # `segment_tokens` tokens (the first one `first_segment_tokens`, so speech
+    # starts early); each segment's codec tokens go to the audio decoder in
+    # chunks of `chunk_codes` (the first `first_chunk_codes`) with
+    # `left_context_codes` codes of context.
+    first_segment_tokens: int = Field(default=8, ge=1)
+    segment_tokens: int = Field(default=24, ge=1)
+    talker_codes_per_token: float = Field(default=4.0, gt=0)
+    talker_min_codes: int = Field(default=8, ge=1)
+    talker_sampling: dict[str, Any] = Field(
+        default_factory=lambda: {"temperature": 0.9, "top_k": 40, "repetition_penalty": 1.05})
+    first_chunk_codes: int = Field(default=8, ge=1)
+    chunk_codes: int = Field(default=24, ge=1)
+    left_context_codes: int = Field(default=8, ge=0)
+    # Image output: the DiT gets the thinker's reply as its prompt.
+    image_size: int = Field(default=64, ge=16)
+    image_steps: int = Field(default=4, ge=1)
+    # A stage that sends nothing for this long fails the request (no hangs).
+    stage_timeout_s: float = Field(default=120.0, gt=0)
+    # Largest media a request may carry (bytes), checked before any stage runs.
+    max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> OrchestratorConfig:
+        speech = (self.stages.talker, self.stages.audio_decoder)
+        if any(speech) and not all(speech):
+            raise ValueError("stages.talker and stages.audio_decoder go together (speech needs both)")
+        if self.stages.talker and self.codec is None:
+            raise ValueError("codec is required when stages.talker is set")
+        return self
+
+    @property
+    def output_modalities(self) -> tuple[str, ...]:
+        out = ["text"]
+        if self.stages.talker:
+            out.append("audio")
+        if self.stages.image_generator:
+            out.append("image")
+        return tuple(out)

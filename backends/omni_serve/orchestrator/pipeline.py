@@ -1,0 +1,356 @@
+"""The omni pipeline's stage graph for one request (runs on the orchestrator's event loop).
+
+Flow of one request (pipelined mode):
+
+    media --> image/audio encoders (concurrently) --> rows for the placeholders
+    text + rows --> thinker (streamed) --> text deltas to the client
+                       |  every few tokens: a segment of reply token ids
+                       v
+                    talker (streamed, one segment after another) --> codec codes
+                       |  every few codes: a chunk with left context
+                       v
+                    audio decoder (one call per chunk) --> PCM chunks to the client
+    whole reply --> image generator (when "image" is asked for) --> PNG
+
+The talker works on segment k while the thinker writes segment k+1, and the
+decoder voices chunk j while the talker samples chunk j+1, so the first audio
+comes long before the text is finished. In sequential mode every stage waits
+for the previous one to finish (the baseline of tools/bench_omni.py).
+
+Stages are reached through a `StageClient` (BLS inside Triton; anything with
+the same three calls in tests). A failing stage ends the request with a
+StageFailedError naming it; cancelling the task cancels every child stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from omni_serve.contract import AUDIO, DIT, ENCODER, LLM
+from omni_serve.errors import StageFailedError
+from omni_serve.orchestrator.config import OrchestratorConfig
+from omni_serve.orchestrator.request import OmniRequest
+
+log = logging.getLogger(__name__)
+
+# Qwen2.5-Omni's prompt spans for media (the thinker's tokenizer has these tokens).
+AUDIO_SPAN = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
+IMAGE_SPAN = ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
+
+
+class StageCallError(Exception):
+    """What a StageClient raises when a stage answers with an error (or not at all)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StageClient(Protocol):
+    async def infer(self, model: str, inputs: dict[str, np.ndarray],
+                    outputs: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
+               request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]: ...
+
+
+# --- events sent back to the client ----------------------------------------------------
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class AudioChunk:
+    pcm: np.ndarray
+    sample_rate: int
+
+
+@dataclass
+class ImageOut:
+    png: bytes
+
+
+@dataclass
+class Final:
+    finish_reason: str
+    metrics: dict[str, Any]
+
+
+Event = TextDelta | AudioChunk | ImageOut | Final
+
+
+@dataclass
+class Timings:
+    """Per-request timings: what the final response's `metrics` JSON reports."""
+
+    start: float = field(default_factory=time.perf_counter)
+    first_text: float | None = None
+    first_audio: float | None = None
+    audio_start: float | None = None
+    audio_end: float | None = None
+    audio_seconds: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, role: str, seconds: float) -> None:
+        self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
+
+    def report(self) -> dict[str, Any]:
+        now = time.perf_counter()
+        out: dict[str, Any] = {
+            "total_s": round(now - self.start, 6),
+            "time_to_first_token_s": None if self.first_text is None else
+            round(self.first_text - self.start, 6),
+            "time_to_first_audio_s": None if self.first_audio is None else
+            round(self.first_audio - self.start, 6),
+            "audio_seconds": round(self.audio_seconds, 6),
+            "audio_rtf": None,
+            "stage_seconds": {k: round(v, 6) for k, v in self.stage_seconds.items()},
+        }
+        if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
+            out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
+        return out
+
+
+def _bytes_tensor(value: str | bytes) -> np.ndarray:
+    data = value.encode("utf-8") if isinstance(value, str) else value
+    return np.array([data], dtype=np.object_)
+
+
+def _first(arr: np.ndarray | None, default: Any = None) -> Any:
+    if arr is None or np.asarray(arr).size == 0:
+        return default
+    value = np.asarray(arr).reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+class OmniPipeline:
+    """Runs requests through the stages named in `cfg.stages`."""
+
+    def __init__(self, cfg: OrchestratorConfig, client: StageClient):
+        self.cfg = cfg
+        self.client = client
+
+    # --- stage calls with the stage's name on every error ---------------------------
+    async def _infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                     timings: Timings) -> dict[str, np.ndarray]:
+        model = getattr(self.cfg.stages, role)
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.wait_for(self.client.infer(model, inputs, outputs),
+                                          self.cfg.stage_timeout_s)
+        except StageCallError as e:
+            raise StageFailedError(role, model, e.message, e.code) from e
+        except TimeoutError as e:
+            raise StageFailedError(role, model, f"no answer within {self.cfg.stage_timeout_s:g} s",
+                                   "UNAVAILABLE") from e
+        finally:
+            timings.add(role, time.perf_counter() - t0)
+
+    async def _stream(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                      request_id: str, timings: Timings) -> AsyncIterator[dict[str, np.ndarray]]:
+        model = getattr(self.cfg.stages, role)
+        t0 = time.perf_counter()
+        try:
+            async for out in self.client.stream(model, inputs, outputs, request_id=request_id,
+                                                timeout_s=self.cfg.stage_timeout_s):
+                yield out
+        except StageCallError as e:
+            raise StageFailedError(role, model, e.message, e.code) from e
+        finally:
+            timings.add(role, time.perf_counter() - t0)
+
+    # --- the request -----------------------------------------------------------------
+    async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
+        """Run one request, emitting events; raises on failure (the caller reports it)."""
+        t = Timings()
+        rows, prompt = await self._encode(req, t)
+        speech = "audio" in req.modalities
+        sequential = self.cfg.mode == "sequential"
+        segments: asyncio.Queue | None = asyncio.Queue() if speech else None
+        speaker = None
+        if speech and not sequential:
+            speaker = asyncio.create_task(self._speak(req, segments, emit, t))
+        try:
+            reply, finish = await self._think(req, prompt, rows, emit, segments, t)
+            if speech:
+                segments.put_nowait(None)
+                if sequential:
+                    await self._speak(req, segments, emit, t)
+                else:
+                    await speaker
+            if "image" in req.modalities:
+                emit(ImageOut(await self._draw(req, reply, t)))
+        except BaseException:
+            if speaker is not None and not speaker.done():
+                speaker.cancel()
+                await asyncio.gather(speaker, return_exceptions=True)
+            raise
+        emit(Final(finish, t.report()))
+
+    # --- encoders --------------------------------------------------------------------
+    async def _encode(self, req: OmniRequest, t: Timings) -> tuple[np.ndarray | None, str]:
+        jobs = []
+        spans = []
+        for role, data, span in (("audio_encoder", req.audio, AUDIO_SPAN),
+                                 ("image_encoder", req.image, IMAGE_SPAN)):
+            if data is not None:
+                jobs.append(self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
+                                        [ENCODER.EMBEDDINGS], t))
+                spans.append(span)
+        results = await asyncio.gather(*jobs)
+        parts = []
+        rows = []
+        for span, out in zip(spans, results):
+            emb = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
+            emb = emb.reshape(-1, emb.shape[-1])
+            rows.append(emb)
+            parts.append(span[0] + span[1] * emb.shape[0] + span[2])
+        user = "".join(parts) + req.text
+        prompt = (f"<|im_start|>system\n{self.cfg.system_prompt}<|im_end|>\n"
+                  f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+        return (np.concatenate(rows) if rows else None), prompt
+
+    # --- thinker ---------------------------------------------------------------------
+    async def _think(self, req: OmniRequest, prompt: str, rows: np.ndarray | None,
+                     emit: Callable[[Event], None], segments: asyncio.Queue | None,
+                     t: Timings) -> tuple[str, str]:
+        sampling = {**self.cfg.thinker_sampling, **req.sampling}
+        inputs = {
+            LLM.TEXT_INPUT: _bytes_tensor(prompt),
+            LLM.STREAM: np.array([True]),
+            LLM.SAMPLING_PARAMETERS: _bytes_tensor(json.dumps(sampling)),
+            LLM.RETURN_FINISH_REASON: np.array([True]),
+            LLM.RETURN_TOKEN_IDS: np.array([True]),
+        }
+        if rows is not None:
+            inputs[LLM.MM_EMBEDS] = rows
+        pending: list[int] = []
+        limit = self.cfg.first_segment_tokens
+        text: list[str] = []
+        finish = ""
+        async for out in self._stream("thinker", inputs,
+                                      [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS],
+                                      f"{req.request_id}-thinker", t):
+            delta = _first(out.get(LLM.TEXT_OUTPUT), "")
+            if delta:
+                if t.first_text is None:
+                    t.first_text = time.perf_counter()
+                text.append(delta)
+                emit(TextDelta(delta))
+            finish = _first(out.get(LLM.FINISH_REASON), "") or finish
+            if segments is not None:
+                ids = out.get(LLM.TOKEN_IDS)
+                if ids is not None:
+                    pending.extend(int(i) for i in np.asarray(ids).reshape(-1))
+                if len(pending) >= limit:
+                    segments.put_nowait(pending)
+                    pending, limit = [], self.cfg.segment_tokens
+        if segments is not None and pending:
+            segments.put_nowait(pending)
+        return "".join(text), finish
+
+    # --- talker + audio decoder ------------------------------------------------------
+    async def _speak(self, req: OmniRequest, segments: asyncio.Queue,
+                     emit: Callable[[Event], None], t: Timings) -> None:
+        chunks: asyncio.Queue = asyncio.Queue()
+        sequential = self.cfg.mode == "sequential"
+        voice = None if sequential else asyncio.create_task(self._voice(req, chunks, emit, t))
+        try:
+            index = 0
+            first = True
+            while (segment := await segments.get()) is not None:
+                t.audio_start = t.audio_start or time.perf_counter()
+                first = await self._talk(req, segment, index, first, chunks, t)
+                index += 1
+            chunks.put_nowait(None)
+            if sequential:
+                await self._voice(req, chunks, emit, t)
+            else:
+                await voice
+        except BaseException:
+            if voice is not None and not voice.done():
+                voice.cancel()
+                await asyncio.gather(voice, return_exceptions=True)
+            raise
+
+    async def _talk(self, req: OmniRequest, segment: list[int], index: int, first: bool,
+                    chunks: asyncio.Queue, t: Timings) -> bool:
+        codec = self.cfg.codec
+        max_codes = max(self.cfg.talker_min_codes,
+                        math.ceil(len(segment) * self.cfg.talker_codes_per_token))
+        sampling = {**self.cfg.talker_sampling, "max_tokens": max_codes,
+                    "allowed_token_ids": [*range(codec.offset, codec.offset + codec.size), codec.eos],
+                    "stop_token_ids": [codec.eos], "skip_special_tokens": False}
+        if req.seed is not None:
+            sampling["seed"] = req.seed + index
+        inputs = {
+            LLM.PROMPT_TOKEN_IDS: np.array([*segment, codec.bos], dtype=np.int64),
+            LLM.STREAM: np.array([True]),
+            LLM.SAMPLING_PARAMETERS: _bytes_tensor(json.dumps(sampling)),
+            LLM.RETURN_TOKEN_IDS: np.array([True]),
+        }
+        codes: list[int] = []
+        done = 0  # codes already handed to the decoder
+        async for out in self._stream("talker", inputs, [LLM.TOKEN_IDS],
+                                      f"{req.request_id}-talker-{index}", t):
+            ids = out.get(LLM.TOKEN_IDS)
+            if ids is None:
+                continue
+            codes.extend(int(i) - codec.offset for i in np.asarray(ids).reshape(-1)
+                         if codec.offset <= int(i) < codec.offset + codec.size)
+            size = self.cfg.first_chunk_codes if first else self.cfg.chunk_codes
+            while len(codes) - done >= size:
+                chunks.put_nowait(self._chunk(codes, done, done + size))
+                done += size
+                first = False
+                size = self.cfg.chunk_codes
+        if len(codes) > done:
+            chunks.put_nowait(self._chunk(codes, done, len(codes)))
+            first = False
+        return first
+
+    def _chunk(self, codes: list[int], begin: int, end: int) -> tuple[list[int], int]:
+        start = max(0, begin - self.cfg.left_context_codes)
+        return codes[start:end], begin - start
+
+    async def _voice(self, req: OmniRequest, chunks: asyncio.Queue,
+                     emit: Callable[[Event], None], t: Timings) -> None:
+        while (chunk := await chunks.get()) is not None:
+            codes, context = chunk
+            inputs = {AUDIO.CODEC_TOKENS: np.array([codes], dtype=np.int64),
+                      AUDIO.CONTEXT_TOKENS: np.array([[context]], dtype=np.int32)}
+            if req.speaker:
+                inputs[AUDIO.SPEAKER] = np.array([[req.speaker.encode()]], dtype=np.object_)
+            if req.seed is not None:
+                inputs[AUDIO.SEED] = np.array([[req.seed]], dtype=np.int64)
+            out = await self._infer("audio_decoder", inputs, [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], t)
+            pcm = np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1)
+            rate = int(_first(out[AUDIO.SAMPLE_RATE]))
+            now = time.perf_counter()
+            t.first_audio = t.first_audio or now
+            t.audio_end = now
+            t.audio_seconds += pcm.size / rate
+            emit(AudioChunk(pcm, rate))
+
+    # --- image generator -------------------------------------------------------------
+    async def _draw(self, req: OmniRequest, reply: str, t: Timings) -> bytes:
+        side = self.cfg.image_size
+        inputs = {DIT.PROMPT: np.array([[(reply or req.text).encode("utf-8")]], dtype=np.object_),
+                  DIT.HEIGHT: np.array([[side]], dtype=np.int32),
+                  DIT.WIDTH: np.array([[side]], dtype=np.int32),
+                  DIT.NUM_INFERENCE_STEPS: np.array([[self.cfg.image_steps]], dtype=np.int32)}
+        if req.seed is not None:
+            inputs[DIT.SEED] = np.array([[req.seed]], dtype=np.int64)
+        out = await self._infer("image_generator", inputs, [DIT.IMAGE], t)
+        return bytes(np.asarray(out[DIT.IMAGE]).reshape(-1)[0])
