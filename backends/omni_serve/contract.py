@@ -226,12 +226,15 @@ ENCODER_CONTRACT = StageContract(
 
 # --- Audio generator (omni_audio) ------------------------------------------------------
 # Codec tokens -> waveform, one chunk per request. Stateless: a request carries
-# the chunk's codes after `context_tokens` codes of left context that were
-# already voiced, so chunks of different streams batch together.
+# `context_tokens` codes of left context (already voiced), the chunk's codes and
+# `lookahead_tokens` codes of right context (voiced by the next chunk), so
+# chunks of different streams batch together.
 
 class AUDIO:
     CODEC_TOKENS = "codec_tokens"
     CONTEXT_TOKENS = "context_tokens"
+    LOOKAHEAD_TOKENS = "lookahead_tokens"
+    CODE_OFFSET = "code_offset"
     SPEAKER = "speaker"
     SEED = "seed"
 
@@ -247,6 +250,11 @@ AUDIO_CONTRACT = StageContract(
                    doc="left-context codes followed by the codes of this chunk"),
         TensorSpec(AUDIO.CONTEXT_TOKENS, "TYPE_INT32", (1,), optional=True,
                    doc="how many leading codes are context only (default 0)"),
+        TensorSpec(AUDIO.LOOKAHEAD_TOKENS, "TYPE_INT32", (1,), optional=True,
+                   doc="how many trailing codes are right context only (default 0)"),
+        TensorSpec(AUDIO.CODE_OFFSET, "TYPE_INT64", (1,), optional=True,
+                   doc="stream position of the first code sent: with one seed per stream, a "
+                       "chunk then starts from the noise the whole utterance would (default 0)"),
         TensorSpec(AUDIO.SPEAKER, "TYPE_STRING", (1,), optional=True,
                    doc="voice name (default: the stage's default speaker)"),
         TensorSpec(AUDIO.SEED, "TYPE_INT64", (1,), optional=True,

@@ -592,6 +592,61 @@ def _build_qwen25_05b_random(out: Path) -> None:
 
 
 # --------------------------------------------------------------------------
+# omni-chat: Qwen2.5-Omni thinker (+ its LM for vLLM), a talker, Token2Wav
+# --------------------------------------------------------------------------
+
+OMNI_CODEC_VOCAB = 512
+TALKER_CODEC_FILE = "omni_talker.json"
+
+
+def build_talker(out: Path, *, text_vocab: int, codec_vocab: int = OMNI_CODEC_VOCAB,
+                 seed: int = DEFAULT_SEED) -> None:
+    """An AR talker on vLLM: a Qwen2ForCausalLM reading the thinker's reply tokens.
+
+    Its vocabulary is the thinker's text vocabulary, then `codec_vocab` codec
+    ids, then codec-bos and codec-eos (the CosyVoice 2 layout: text tokens
+    in, speech tokens out). A prompt is the reply's token ids + codec-bos;
+    the orchestrator restricts sampling to the codec ids and eos, and reads
+    the codec layout from omni_talker.json.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+
+    offset = text_vocab
+    bos, eos = offset + codec_vocab, offset + codec_vocab + 1
+    config = Qwen2Config(
+        vocab_size=_round_up(eos + 1, 64), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        hidden_act="silu", rms_norm_eps=1e-6, use_sliding_window=False, max_window_layers=2,
+        max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, dtype="float32",
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=eos,
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    torch.manual_seed(seed + 7)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=eos).save_pretrained(out)
+    codec = {"offset": offset, "size": codec_vocab, "bos": bos, "eos": eos}
+    (out / TALKER_CODEC_FILE).write_text(json.dumps(codec, indent=2) + "\n")
+
+
+@register("qwen2.5-omni-tiny", version=1,
+          description="Qwen2.5-Omni thinker (vision+audio towers), its LM, a talker, Token2Wav")
+def _build_qwen25_omni_tiny(out: Path) -> None:
+    """thinker/ (Qwen2_5OmniThinkerForConditionalGeneration + processors), thinker-lm/
+    (its language model as Qwen2ForCausalLM, served by vLLM with prompt_embeds),
+    talker/ (Qwen2ForCausalLM, text in, codec out) and token2wav/ (Qwen2_5OmniToken2WavModel)."""
+    from omni_tools import tiny_omni, tiny_token2wav
+
+    tiny_omni.build_omni_thinker(out / "thinker")
+    tiny_omni.export_thinker_lm(out / "thinker", out / "thinker-lm")
+    text_vocab = json.loads((out / "thinker-lm" / "config.json").read_text())["vocab_size"]
+    build_talker(out / "talker", text_vocab=text_vocab)
+    tiny_token2wav.build_token2wav(out / "token2wav", codec_vocab=OMNI_CODEC_VOCAB)
+
+
+# --------------------------------------------------------------------------
 # diffusion pipelines
 # --------------------------------------------------------------------------
 

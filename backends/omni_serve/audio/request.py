@@ -42,8 +42,7 @@ class AudioRequest:
     code is drawn from (seed, position), so with one seed per stream and true
     offsets a chunk starts from the very noise the whole utterance would.
     Right context lets the DiT's look-ahead layer and BigVGAN see past the
-    chunk's end. The contract has no inputs for `offset` and `lookahead` yet,
-    so requests parse with 0 for both (see `chunk_plan` for what they buy).
+    chunk's end (see `chunk_plan` for what both buy).
     """
 
     codes: np.ndarray  # int64 [n]
@@ -75,6 +74,16 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: AudioLimits) ->
                            f"must be between 0 and {len(codes) - 1} (one less than the {len(codes)} "
                            f"{AUDIO.CODEC_TOKENS} sent), got {context}")
 
+    lookahead = integer(AUDIO.LOOKAHEAD_TOKENS, scalar(tensors, AUDIO.LOOKAHEAD_TOKENS)) or 0
+    if not 0 <= lookahead < len(codes) - context:
+        raise RequestError(AUDIO.LOOKAHEAD_TOKENS,
+                           f"must be between 0 and {len(codes) - context - 1} (at least one of the "
+                           f"{len(codes)} codes after the {context} context codes must be voiced), "
+                           f"got {lookahead}")
+    offset = integer(AUDIO.CODE_OFFSET, scalar(tensors, AUDIO.CODE_OFFSET)) or 0
+    if not 0 <= offset <= 2**40:
+        raise RequestError(AUDIO.CODE_OFFSET, f"must be between 0 and {2**40}, got {offset}")
+
     speaker = text(AUDIO.SPEAKER, scalar(tensors, AUDIO.SPEAKER))
     speaker = limits.default_speaker if speaker is None else speaker
     if speaker not in limits.speakers:
@@ -87,7 +96,8 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: AudioLimits) ->
     elif not SEED_MIN <= seed <= SEED_MAX:
         raise RequestError(AUDIO.SEED, f"must be a 64-bit signed integer, got {seed}")
 
-    return AudioRequest(codes=codes, context=context, speaker=speaker, seed=seed)
+    return AudioRequest(codes=codes, context=context, speaker=speaker, seed=seed, offset=offset,
+                        lookahead=lookahead)
 
 
 def _codes(value: np.ndarray | None, limits: AudioLimits) -> np.ndarray:
@@ -97,11 +107,11 @@ def _codes(value: np.ndarray | None, limits: AudioLimits) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim > 2 or (arr.ndim == 2 and arr.shape[0] != 1):
         raise RequestError(name, f"expected shape [n] or [1, n], got {list(arr.shape)}")
+    if arr.size == 0:
+        raise RequestError(name, "must not be empty")
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise RequestError(name, f"must be integers, got dtype {arr.dtype}")
     arr = arr.reshape(-1)
-    if arr.size == 0:
-        raise RequestError(name, "must not be empty")
     if arr.size > limits.max_codec_tokens:
         raise RequestError(name, f"at most {limits.max_codec_tokens} codes per request (left context "
                                  f"included), got {arr.size}; send shorter chunks")

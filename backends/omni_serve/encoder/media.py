@@ -22,7 +22,7 @@ FIELD = "media"
 # Qwen2-VL's smart_resize refuses images whose long side is over 200x the short side.
 MAX_ASPECT_RATIO = 200
 IMAGE_FORMATS = "PNG, JPEG, WebP, GIF, BMP, TIFF"
-AUDIO_FORMATS = "WAV, FLAC, OGG/Vorbis, AIFF"
+AUDIO_FORMATS = "WAV, FLAC, OGG/Vorbis, MP3, AIFF"
 
 
 def _check_size(data: bytes, cfg: EncoderStageConfig, what: str) -> None:
@@ -68,8 +68,8 @@ def decode_image(data: bytes, cfg: EncoderStageConfig) -> Image.Image:
         raise RequestError(FIELD, f"not a decodable image; send an encoded image file "
                                   f"({IMAGE_FORMATS})") from e
     except Exception as e:  # malformed headers raise OSError, SyntaxError, ValueError, ...
-        raise RequestError(FIELD, f"corrupt image header ({type(e).__name__}: {e}); send a valid "
-                                  f"image file ({IMAGE_FORMATS})") from e
+        raise RequestError(FIELD, f"corrupt or truncated image header ({type(e).__name__}: {e}); "
+                                  f"send a complete image file ({IMAGE_FORMATS})") from e
     width, height = image.size
     _check_image_size(width, height, cfg)
     try:

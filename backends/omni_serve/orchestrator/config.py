@@ -48,17 +48,22 @@ class OrchestratorConfig(BaseModel):
     # Speech: the thinker's reply goes to the talker in segments of
     # `segment_tokens` tokens (the first one `first_segment_tokens`, so speech
     # starts early); each segment's codec tokens go to the audio decoder in
-    # chunks of `chunk_codes` (the first `first_chunk_codes`) with
-    # `left_context_codes` codes of context.
+    # chunks of `chunk_codes` (the first `first_chunk_codes`) with at least
+    # `left_context_codes` codes of left context aligned to `align_codes` and
+    # `right_context_codes` of right context. For Qwen2.5-Omni's Token2Wav one
+    # DiT attention block is 12 codes: 12/12/12 keeps chunked audio within
+    # ~40 dB of decoding the whole segment at once (0/0/1: ~10 dB).
     first_segment_tokens: int = Field(default=8, ge=1)
     segment_tokens: int = Field(default=24, ge=1)
     talker_codes_per_token: float = Field(default=4.0, gt=0)
     talker_min_codes: int = Field(default=8, ge=1)
     talker_sampling: dict[str, Any] = Field(
         default_factory=lambda: {"temperature": 0.9, "top_k": 40, "repetition_penalty": 1.05})
-    first_chunk_codes: int = Field(default=8, ge=1)
+    first_chunk_codes: int = Field(default=12, ge=1)
     chunk_codes: int = Field(default=24, ge=1)
-    left_context_codes: int = Field(default=8, ge=0)
+    left_context_codes: int = Field(default=12, ge=0)
+    right_context_codes: int = Field(default=12, ge=0)
+    align_codes: int = Field(default=12, ge=1)
     # Image output: the DiT gets the thinker's reply as its prompt.
     image_size: int = Field(default=64, ge=16)
     image_steps: int = Field(default=4, ge=1)

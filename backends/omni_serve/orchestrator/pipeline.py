@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omni_serve.audio.request import chunk_plan
 from omni_serve.contract import AUDIO, DIT, ENCODER, LLM
 from omni_serve.errors import StageFailedError
 from omni_serve.orchestrator.config import OrchestratorConfig
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 # Qwen2.5-Omni's prompt spans for media (the thinker's tokenizer has these tokens).
 AUDIO_SPAN = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
 IMAGE_SPAN = ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
+
+
+_SEGMENT_END = object()  # marks the end of a talker segment in the decoder's queue
 
 
 class StageCallError(Exception):
@@ -134,6 +139,34 @@ def _first(arr: np.ndarray | None, default: Any = None) -> Any:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+async def _until_first_failure(first: asyncio.Task, *others: asyncio.Task) -> None:
+    """Wait for `first` to finish; raise as soon as it or any other task fails."""
+    pending = {first, *others}
+    while first in pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+
+
+class _TaskGroup:
+    """On leaving with an error (or a cancel), cancel and await every unfinished task."""
+
+    def __init__(self, tasks: list[asyncio.Task]):
+        self.tasks = tasks
+
+    async def __aenter__(self) -> _TaskGroup:
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        pending = [task for task in self.tasks if not task.done()]
+        if exc_type is None and not pending:
+            return
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
 class OmniPipeline:
     """Runs requests through the stages named in `cfg.stages`."""
 
@@ -178,24 +211,21 @@ class OmniPipeline:
         speech = "audio" in req.modalities
         sequential = self.cfg.mode == "sequential"
         segments: asyncio.Queue | None = asyncio.Queue() if speech else None
-        speaker = None
+        think = asyncio.create_task(self._think(req, prompt, rows, emit, segments, t))
+        tasks = [think]
         if speech and not sequential:
-            speaker = asyncio.create_task(self._speak(req, segments, emit, t))
-        try:
-            reply, finish = await self._think(req, prompt, rows, emit, segments, t)
+            tasks.append(asyncio.create_task(self._speak(req, segments, emit, t)))
+        async with _TaskGroup(tasks):
+            await _until_first_failure(think, *tasks[1:])  # a failed talker stops the thinker
+            reply, finish = think.result()
             if speech:
                 segments.put_nowait(None)
                 if sequential:
                     await self._speak(req, segments, emit, t)
                 else:
-                    await speaker
+                    await tasks[1]
             if "image" in req.modalities:
                 emit(ImageOut(await self._draw(req, reply, t)))
-        except BaseException:
-            if speaker is not None and not speaker.done():
-                speaker.cancel()
-                await asyncio.gather(speaker, return_exceptions=True)
-            raise
         emit(Final(finish, t.report()))
 
     # --- encoders --------------------------------------------------------------------
@@ -264,34 +294,36 @@ class OmniPipeline:
     async def _speak(self, req: OmniRequest, segments: asyncio.Queue,
                      emit: Callable[[Event], None], t: Timings) -> None:
         chunks: asyncio.Queue = asyncio.Queue()
-        sequential = self.cfg.mode == "sequential"
-        voice = None if sequential else asyncio.create_task(self._voice(req, chunks, emit, t))
-        try:
-            index = 0
-            first = True
-            while (segment := await segments.get()) is not None:
-                t.audio_start = t.audio_start or time.perf_counter()
-                first = await self._talk(req, segment, index, first, chunks, t)
-                index += 1
-            chunks.put_nowait(None)
-            if sequential:
-                await self._voice(req, chunks, emit, t)
-            else:
-                await voice
-        except BaseException:
-            if voice is not None and not voice.done():
-                voice.cancel()
-                await asyncio.gather(voice, return_exceptions=True)
-            raise
+        talk = asyncio.create_task(self._talk_all(req, segments, chunks, t))
+        if self.cfg.mode == "sequential":
+            async with _TaskGroup([talk]):
+                await talk
+            await self._voice(req, chunks, emit, t)
+            return
+        voice = asyncio.create_task(self._voice(req, chunks, emit, t))
+        async with _TaskGroup([talk, voice]):
+            await _until_first_failure(talk, voice)  # a failed decoder stops the talker
+            await voice
+
+    async def _talk_all(self, req: OmniRequest, segments: asyncio.Queue,
+                        chunks: asyncio.Queue, t: Timings) -> None:
+        index = 0
+        first = True
+        while (segment := await segments.get()) is not None:
+            t.audio_start = t.audio_start or time.perf_counter()
+            first = await self._talk(req, segment, index, first, chunks, t)
+            index += 1
+        chunks.put_nowait(None)
 
     async def _talk(self, req: OmniRequest, segment: list[int], index: int, first: bool,
                     chunks: asyncio.Queue, t: Timings) -> bool:
+        """One talker call for one reply segment; its codes go out in decoder chunks."""
         codec = self.cfg.codec
         max_codes = max(self.cfg.talker_min_codes,
                         math.ceil(len(segment) * self.cfg.talker_codes_per_token))
         sampling = {**self.cfg.talker_sampling, "max_tokens": max_codes,
                     "allowed_token_ids": [*range(codec.offset, codec.offset + codec.size), codec.eos],
-                    "stop_token_ids": [codec.eos], "skip_special_tokens": False}
+                    "stop_token_ids": [codec.eos], "detokenize": False}
         if req.seed is not None:
             sampling["seed"] = req.seed + index
         inputs = {
@@ -309,32 +341,45 @@ class OmniPipeline:
                 continue
             codes.extend(int(i) - codec.offset for i in np.asarray(ids).reshape(-1)
                          if codec.offset <= int(i) < codec.offset + codec.size)
-            size = self.cfg.first_chunk_codes if first else self.cfg.chunk_codes
-            while len(codes) - done >= size:
-                chunks.put_nowait(self._chunk(codes, done, done + size))
-                done += size
-                first = False
-                size = self.cfg.chunk_codes
-        if len(codes) > done:
-            chunks.put_nowait(self._chunk(codes, done, len(codes)))
-            first = False
+            done, first = self._plan_chunks(codes, done, first, False, chunks)
+        done, first = self._plan_chunks(codes, done, first, True, chunks)
+        chunks.put_nowait(_SEGMENT_END)
         return first
 
-    def _chunk(self, codes: list[int], begin: int, end: int) -> tuple[list[int], int]:
-        start = max(0, begin - self.cfg.left_context_codes)
-        return codes[start:end], begin - start
+    def _plan_chunks(self, codes: list[int], done: int, first: bool, final: bool,
+                     chunks: asyncio.Queue) -> tuple[int, bool]:
+        cfg = self.cfg
+        while True:
+            size = cfg.first_chunk_codes if first else cfg.chunk_codes
+            spans = chunk_plan(len(codes), done, size, cfg.left_context_codes, final,
+                               right_context=cfg.right_context_codes, align=cfg.align_codes)
+            if not spans:
+                return done, first
+            span = spans[0]  # the size may change after the first chunk: plan again
+            chunks.put_nowait((codes[span.first:span.last], span.context, span.lookahead,
+                               span.first))
+            done, first = span.end, False
 
     async def _voice(self, req: OmniRequest, chunks: asyncio.Queue,
                      emit: Callable[[Event], None], t: Timings) -> None:
+        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
+        base = 0  # stream position of the current segment's first code
+        voiced = 0
         while (chunk := await chunks.get()) is not None:
-            codes, context = chunk
+            if chunk is _SEGMENT_END:
+                base += voiced
+                voiced = 0
+                continue
+            codes, context, lookahead, first = chunk
             inputs = {AUDIO.CODEC_TOKENS: np.array([codes], dtype=np.int64),
-                      AUDIO.CONTEXT_TOKENS: np.array([[context]], dtype=np.int32)}
+                      AUDIO.CONTEXT_TOKENS: np.array([[context]], dtype=np.int32),
+                      AUDIO.LOOKAHEAD_TOKENS: np.array([[lookahead]], dtype=np.int32),
+                      AUDIO.CODE_OFFSET: np.array([[base + first]], dtype=np.int64),
+                      AUDIO.SEED: np.array([[seed]], dtype=np.int64)}
             if req.speaker:
                 inputs[AUDIO.SPEAKER] = np.array([[req.speaker.encode()]], dtype=np.object_)
-            if req.seed is not None:
-                inputs[AUDIO.SEED] = np.array([[req.seed]], dtype=np.int64)
             out = await self._infer("audio_decoder", inputs, [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], t)
+            voiced = first + len(codes)
             pcm = np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1)
             rate = int(_first(out[AUDIO.SAMPLE_RATE]))
             now = time.perf_counter()

@@ -1,0 +1,63 @@
+"""Triton adapter of the audio generator (`backend: "omni_audio"`), loaded by the Python stub.
+
+Thin by design: Triton's dynamic batcher hands execute() a list of chunk
+requests (codec tokens, left-context count, voice, seed); each is parsed on
+its own (a bad one gets its own INVALID_ARG response), the good ones run
+through AudioRunner (equal-length chunks share one Token2Wav call) and each
+gets its waveform (`audio_chunk` [1, n] float32) and `sample_rate` [1, 1].
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from omni_serve.audio.config import AudioStageConfig
+from omni_serve.audio.request import parse_request
+from omni_serve.audio.runner import AudioRunner
+from omni_serve.contract import AUDIO, AUDIO_CONTRACT, ENGINE_ARGS_FILE
+from omni_serve.tritonio import Metrics, make_response, pb, read_inputs, triton_error
+
+log = logging.getLogger("omni_audio")
+
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
+            self.cfg = AudioStageConfig.model_validate(json.load(f))
+        self.runner = AudioRunner(self.cfg)
+        self._rate = np.array([[self.runner.sample_rate]], dtype=np.int32)
+        self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
+        self._batch = m.histogram("omni_audio_batch_size", "Requests per execute() call", _BATCH_BUCKETS)
+        self._seconds = m.counter("omni_audio_seconds_generated_total", "Seconds of audio returned")
+        self._busy = m.counter("omni_audio_compute_seconds_total",
+                               "Seconds spent in Token2Wav calls (real-time factor = compute / generated)")
+
+    def execute(self, requests):
+        self._batch.observe(len(requests))
+        parsed = []
+        for request in requests:
+            try:
+                parsed.append(parse_request(read_inputs(request, AUDIO_CONTRACT), self.runner.limits))
+            except Exception as e:  # a bad request answers alone
+                parsed.append(e)
+        good = [p for p in parsed if not isinstance(p, Exception)]
+        t0 = time.perf_counter()
+        results = iter(self.runner.run(good)) if good else iter(())
+        self._busy.increment(time.perf_counter() - t0)
+        responses = []
+        for item in parsed:
+            result = item if isinstance(item, Exception) else next(results)
+            if isinstance(result, Exception):
+                responses.append(pb().InferenceResponse(error=triton_error(result)))
+                continue
+            self._seconds.increment(result.size / self.runner.sample_rate)
+            responses.append(make_response({AUDIO.AUDIO_CHUNK: result[np.newaxis],
+                                            AUDIO.SAMPLE_RATE: self._rate}))
+        return responses

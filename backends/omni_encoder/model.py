@@ -1,0 +1,83 @@
+"""Triton adapter of a modality encoder (`backend: "omni_encoder"`), loaded by the Python stub.
+
+Thin by design: Triton's dynamic batcher hands execute() a list of requests,
+one media item each; the items run through EncoderRunner (decoded one by one,
+encoded in one tower forward) and each request gets its embedding rows
+(`[1, tokens, hidden]`) and, for images, the patch grid. A bad item gets its
+own INVALID_ARG response; its batch-mates are served.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from omni_serve.contract import ENCODER, ENCODER_CONTRACT, ENGINE_ARGS_FILE
+from omni_serve.encoder.config import EncoderStageConfig
+from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
+from omni_serve.errors import RequestError
+from omni_serve.tritonio import Metrics, pb, read_inputs, triton_error
+
+log = logging.getLogger("omni_encoder")
+
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
+
+def _media(request) -> bytes:
+    media = read_inputs(request, ENCODER_CONTRACT)[ENCODER.MEDIA]
+    if media is None or media.size != 1:
+        raise RequestError(ENCODER.MEDIA, "send exactly one encoded media item")
+    item = media.reshape(-1)[0]
+    return item.encode() if isinstance(item, str) else bytes(item)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_name = args["model_name"]
+        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
+            self.cfg = EncoderStageConfig.model_validate(json.load(f))
+        self.runner = EncoderRunner(self.cfg)
+        labels = {"model": self.model_name, "modality": self.cfg.modality}
+        self._metrics = m = Metrics(labels)  # families must outlive metrics
+        self._batch = m.histogram("omni_encoder_batch_size", "Requests per execute() call",
+                                  _BATCH_BUCKETS)
+        self._items = m.counter("omni_encoder_items_total", "Media items encoded")
+        self._tokens = m.counter("omni_encoder_tokens_total", "Embedding rows (prompt tokens) produced")
+        self._busy = m.counter("omni_encoder_compute_seconds_total",
+                               "Seconds spent decoding, preprocessing and encoding")
+
+    def execute(self, requests):
+        self._batch.observe(len(requests))
+        media: list[bytes | Exception] = []
+        for request in requests:
+            try:
+                media.append(_media(request))
+            except Exception as e:  # a bad request answers alone
+                media.append(e)
+        good = [m for m in media if not isinstance(m, Exception)]
+        t0 = time.perf_counter()
+        results = iter(self.runner.run(good)) if good else iter(())
+        self._busy.increment(time.perf_counter() - t0)
+        responses = []
+        for request, item in zip(requests, media):
+            result = item if isinstance(item, Exception) else next(results)
+            if isinstance(result, Exception):
+                responses.append(pb().InferenceResponse(error=triton_error(result)))
+                continue
+            self._items.increment(1)
+            self._tokens.increment(result.embeddings.shape[0])
+            responses.append(self._response(request, result))
+        return responses
+
+    def _response(self, request, out: EncoderOutput):
+        pb_utils = pb()
+        wanted = set(request.requested_output_names() or (ENCODER.EMBEDDINGS, ENCODER.GRID_THW))
+        tensors = []
+        if ENCODER.EMBEDDINGS in wanted:
+            tensors.append(pb_utils.Tensor(ENCODER.EMBEDDINGS, out.embeddings[np.newaxis]))
+        if ENCODER.GRID_THW in wanted and out.grid_thw is not None:
+            tensors.append(pb_utils.Tensor(ENCODER.GRID_THW, out.grid_thw[np.newaxis]))
+        return pb_utils.InferenceResponse(output_tensors=tensors)

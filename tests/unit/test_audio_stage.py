@@ -1,0 +1,328 @@
+"""Stage logic of the omni_audio Token2Wav stage: config, request parsing, chunk plans, batched runs.
+
+Runs the tiny random-weight Token2Wav (480 samples per code at 24 kHz) on CPU
+with 3 ODE time points. Batched and lone runs are compared with a tolerance
+of 1e-5 on samples in [-1, 1]: oneDNN convolutions and GEMMs sum in another
+order for another batch size (measured: about 2.5e-6 at most).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from omni_serve.audio.config import AudioStageConfig
+from omni_serve.audio.request import AudioLimits, AudioRequest, ChunkSpan, chunk_plan, parse_request
+from omni_serve.audio.runner import AudioRunner, real_time_factor, sample_mel
+from omni_serve.contract import AUDIO, ENGINE_ARGS_FILE
+from omni_serve.errors import RequestError
+from omni_tools.tiny_token2wav import build_token2wav
+
+torch.set_num_threads(1)
+
+STEPS = 3
+TOLERANCE = 1e-5
+SPC = 480  # samples per code of the real architecture (2 mel frames x 240)
+LIMITS = AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"), default_speaker="Chelsie",
+                     max_codec_tokens=64)
+RNG = np.random.default_rng(0)
+STREAM = RNG.integers(0, 512, 96)
+
+
+def tensors(codes=(1, 2, 3), **extra) -> dict[str, np.ndarray | None]:
+    out: dict[str, np.ndarray | None] = {AUDIO.CODEC_TOKENS: None if codes is None else np.asarray(codes)}
+    dtypes = {AUDIO.CONTEXT_TOKENS: np.int32, AUDIO.SEED: np.int64}
+    for name, value in extra.items():
+        if isinstance(value, str):
+            out[name] = np.array([value.encode()], dtype=object)
+        else:
+            out[name] = np.array([value], dtype=dtypes[name])
+    return out
+
+
+def req(n: int = 16, seed: int = 1, context: int = 0, speaker: str = "Chelsie", start: int = 0,
+        lookahead: int = 0) -> AudioRequest:
+    return AudioRequest(codes=STREAM[start:start + n], context=context, speaker=speaker, seed=seed,
+                        lookahead=lookahead)
+
+
+# --- config ----------------------------------------------------------------------
+def test_config_defaults_and_unknown_keys_are_an_error():
+    cfg = AudioStageConfig(model="m")
+    assert (cfg.num_steps, cfg.guidance_scale, cfg.sway_coefficient) == (4, 0.5, -1.0)
+    assert cfg.dtype == "float32" and cfg.device == "cpu" and cfg.default_speaker is None
+    with pytest.raises(ValidationError, match="extra"):
+        AudioStageConfig(model="m", steps=3)
+    with pytest.raises(ValidationError, match="num_steps"):
+        AudioStageConfig(model="m", num_steps=1)
+    with pytest.raises(ValidationError, match="device"):
+        AudioStageConfig(model="m", device="tpu")
+    with pytest.raises(ValidationError, match="default_speaker=' Ethan'"):
+        AudioStageConfig(model="m", default_speaker=" Ethan")
+
+
+# --- request parsing ---------------------------------------------------------------
+def test_defaults_fill_missing_fields():
+    r = parse_request(tensors([[5, 6, 7]]), LIMITS)  # [1, n] as the batcher delivers it
+    assert r.codes.tolist() == [5, 6, 7] and r.codes.dtype == np.int64
+    assert (r.context, r.speaker, r.offset, r.lookahead, r.new_codes) == (0, "Chelsie", 0, 0, 3)
+    assert parse_request(tensors(), LIMITS).seed != parse_request(tensors(), LIMITS).seed
+
+
+def test_given_fields_are_kept():
+    r = parse_request(tensors([0, 511, 9], context_tokens=2, speaker="Ethan", seed=-3), LIMITS)
+    assert (r.context, r.speaker, r.seed, r.new_codes) == (2, "Ethan", -3, 1)
+
+
+@pytest.mark.parametrize(("inputs", "field", "message"), [
+    (tensors(None), AUDIO.CODEC_TOKENS, "is required"),
+    (tensors(np.zeros((1, 0), np.int64)), AUDIO.CODEC_TOKENS, "must not be empty"),
+    (tensors([[1, 2], [3, 4]]), AUDIO.CODEC_TOKENS, r"expected shape \[n\] or \[1, n\], got \[2, 2\]"),
+    (tensors([1.0, 2.0]), AUDIO.CODEC_TOKENS, "must be integers"),
+    (tensors([3, 512]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got 512 at index 1"),
+    (tensors([-1, 4]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got -1 at index 0"),
+    (tensors(range(65)), AUDIO.CODEC_TOKENS, "at most 64 codes per request .* got 65"),
+    (tensors(context_tokens=-1), AUDIO.CONTEXT_TOKENS, "must be between 0 and 2 .* got -1"),
+    (tensors(context_tokens=3), AUDIO.CONTEXT_TOKENS, "must be between 0 and 2 .* got 3"),
+    (tensors(speaker="Nobody"), AUDIO.SPEAKER, "unknown voice 'Nobody'; known voices: Chelsie, Ethan"),
+    (tensors(speaker="x") | {AUDIO.SPEAKER: np.array([b"\xff"], dtype=object)}, AUDIO.SPEAKER,
+     "not valid UTF-8"),
+    (tensors() | {AUDIO.SEED: np.array([1.5])}, AUDIO.SEED, "must be an integer"),
+    (tensors() | {AUDIO.CONTEXT_TOKENS: np.array([1, 2], dtype=np.int32)}, AUDIO.CONTEXT_TOKENS,
+     "expected exactly one element"),
+])
+def test_each_bad_field_is_named_with_its_problem(inputs, field, message):
+    with pytest.raises(RequestError, match=message) as info:
+        parse_request(inputs, LIMITS)
+    assert info.value.field == field and str(info.value).startswith(f"{field}: ")
+
+
+# --- chunk plans -------------------------------------------------------------------
+def stream_plan(total: int, arrivals: list[int], **kw) -> list[ChunkSpan]:
+    """Feed the planner a growing stream (`arrivals` = total so far after each talker step)."""
+    spans: list[ChunkSpan] = []
+    for i, so_far in enumerate(arrivals):
+        emitted = spans[-1].end if spans else 0
+        spans += chunk_plan(so_far, emitted, final=(i == len(arrivals) - 1), **kw)
+    assert arrivals[-1] == total
+    return spans
+
+
+@pytest.mark.parametrize("kw", [
+    dict(chunk=16, left_context=0), dict(chunk=16, left_context=4), dict(chunk=10, left_context=16),
+    dict(chunk=16, left_context=8, right_context=12, align=12), dict(chunk=1, left_context=3),
+])
+def test_chunk_plan_voices_every_code_once_in_order(kw):
+    arrivals = [3, 3, 17, 40, 41, 70, 95, 100]
+    spans = stream_plan(100, arrivals, **kw)
+    assert [c for s in spans for c in range(s.begin, s.end)] == list(range(100))
+    for s in spans:
+        assert 0 <= s.first <= s.begin and s.context <= max(kw["left_context"] + kw.get("align", 1) - 1, 0)
+        assert s.context >= min(kw["left_context"], s.begin) and s.first % kw.get("align", 1) == 0
+        assert s.last <= 100 and s.end - s.begin <= kw["chunk"]
+
+
+def test_chunk_plan_waits_for_full_chunks_and_right_context_until_final():
+    assert chunk_plan(15, 0, 16, 4, final=False) == []
+    assert chunk_plan(40, 0, 16, 4, final=False) == [ChunkSpan(0, 0, 16), ChunkSpan(16, 4, 32)]
+    assert chunk_plan(40, 32, 16, 4, final=True) == [ChunkSpan(32, 4, 40)]
+    assert chunk_plan(27, 0, 16, 4, final=False, right_context=12) == []
+    assert chunk_plan(30, 0, 16, 4, final=True, right_context=12) == [ChunkSpan(0, 0, 16, 12),
+                                                                     ChunkSpan(16, 4, 30, 0)]
+    assert chunk_plan(40, 16, 16, 4, final=False, align=12) == [ChunkSpan(16, 4, 32)]
+    assert chunk_plan(40, 16, 16, 5, final=False, align=12) == [ChunkSpan(16, 16, 32)]
+    assert chunk_plan(7, 7, 16, 4, final=True) == []
+    with pytest.raises(ValueError, match="emitted=9"):
+        chunk_plan(8, 9, 16, 4, final=True)
+    with pytest.raises(ValueError, match="chunk=0"):
+        chunk_plan(8, 0, 0, 4, final=True)
+
+
+# --- runner ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("token2wav")
+    build_token2wav(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runner(folder) -> AudioRunner:
+    return AudioRunner(AudioStageConfig(model=str(folder), num_steps=STEPS, max_codec_tokens=128))
+
+
+def test_runner_reads_limits_and_timing_from_the_checkpoint(runner):
+    assert runner.limits == AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"),
+                                        default_speaker="Chelsie", max_codec_tokens=128)
+    assert (runner.sample_rate, runner.samples_per_code, runner.block_codes) == (24000, SPC, 12)
+    assert real_time_factor(0.5, 24000, runner.sample_rate) == 0.5
+
+
+def test_runner_rejects_settings_the_checkpoint_cannot_serve(folder, tmp_path):
+    with pytest.raises(ValueError, match="default_speaker='Nobody' .* known voices: Chelsie, Ethan"):
+        AudioRunner(AudioStageConfig(model=str(folder), default_speaker="Nobody"))
+    with pytest.raises(ValueError, match="max_codec_tokens=20000 exceeds .* 16384 codes"):
+        AudioRunner(AudioStageConfig(model=str(folder), max_codec_tokens=20000))
+    for p in folder.iterdir():
+        if p.name != "speakers.json":
+            (tmp_path / p.name).symlink_to(p)
+    with pytest.raises(FileNotFoundError, match="speakers.json is missing"):
+        AudioRunner(AudioStageConfig(model=str(tmp_path)))
+
+
+def test_sampler_matches_the_library_forward_given_the_same_noise(runner):
+    voice = runner.voices["Ethan"]
+    codes = torch.from_numpy(STREAM[None, :12])
+    torch.manual_seed(5)
+    noise = torch.randn(1, 24, runner.mel_dim)
+    torch.manual_seed(5)
+    with torch.inference_mode():
+        want = runner.model(codes, voice.cond, voice.ref_mel, num_steps=STEPS)
+        got = runner.vocoder(sample_mel(runner.dit, voice.cond, voice.ref_mel, codes, noise, num_steps=STEPS,
+                                        guidance_scale=0.5, sway_coefficient=-1.0))
+    assert torch.equal(want, got)
+
+
+def test_output_is_the_audio_of_the_codes_after_the_context(runner):
+    whole, trimmed, both_sides = runner.run([req(20, seed=3), req(20, seed=3, context=5),
+                                             req(20, seed=3, context=5, lookahead=4)])
+    assert whole.shape == (20 * SPC,) and trimmed.shape == (15 * SPC,) and both_sides.shape == (11 * SPC,)
+    assert whole.dtype == np.float32
+    np.testing.assert_allclose(trimmed, whole[5 * SPC:], atol=TOLERANCE)
+    np.testing.assert_allclose(both_sides, whole[5 * SPC:16 * SPC], atol=TOLERANCE)
+    assert np.isfinite(whole).all() and np.abs(whole).max() <= 1.0 and whole.std() > 0.01
+
+
+def test_a_seeded_chunk_sounds_the_same_alone_or_batched(runner):
+    one = req(16, seed=7, context=4, start=10)
+    (alone,) = runner.run([one])
+    batched = runner.run([req(16, seed=8, speaker="Ethan", start=40), one, req(16, seed=9)])
+    assert np.abs(batched[1] - alone).max() <= TOLERANCE
+    assert np.abs(batched[0] - batched[2]).max() > 0.01  # batch-mates are different audio
+
+
+def test_lengths_split_into_groups_in_request_order(runner, monkeypatch):
+    calls: list[int] = []
+    real = runner._decode
+    monkeypatch.setattr(runner, "_decode", lambda group: calls.append(len(group)) or real(group))
+    out = runner.run([req(16, seed=1), req(12, seed=2), req(16, seed=3, context=2)])
+    assert sorted(calls) == [1, 2]
+    assert [o.size // SPC for o in out] == [16, 12, 14]
+
+
+def test_a_failing_group_does_not_fail_other_requests(runner, monkeypatch):
+    good = [req(16, seed=1), req(16, seed=2, speaker="Ethan")]
+    expected = runner.run(good)
+    real = runner._decode
+
+    def fail_on_12(group):
+        if len(group[0].codes) == 12:
+            raise RuntimeError("boom on 12 codes")
+        return real(group)
+
+    monkeypatch.setattr(runner, "_decode", fail_on_12)
+    out = runner.run([good[0], req(12, seed=5), good[1], req(12, seed=6)])
+    assert [type(o) for o in out] == [np.ndarray, RuntimeError, np.ndarray, RuntimeError]
+    assert "boom on 12 codes" in str(out[1])
+    for got, want in zip((out[0], out[2]), expected, strict=True):
+        assert np.abs(got - want).max() <= TOLERANCE
+
+
+def test_a_request_with_nothing_to_voice_fails_alone(runner):
+    out = runner.run([req(8, context=4, lookahead=4), req(8)])
+    assert isinstance(out[0], ValueError) and "nothing to voice" in str(out[0])
+    assert out[1].shape == (8 * SPC,)
+
+
+def test_noise_depends_only_on_seed_and_code_position(runner):
+    long = runner.initial_noise(11, 0, 100)
+    assert torch.equal(runner.initial_noise(11, 60, 30), long[120:180])
+    assert not torch.equal(runner.initial_noise(12, 60, 30), long[120:180])
+
+
+def test_chunks_with_offsets_and_block_context_match_the_whole_decode(runner):
+    (whole,) = runner.run([AudioRequest(codes=STREAM, context=0, speaker="Chelsie", seed=4)])
+    spans = chunk_plan(len(STREAM), 0, 16, 16, final=True, right_context=24, align=runner.block_codes)
+    chunks = runner.run([AudioRequest(codes=STREAM[s.first:s.last], context=s.context, speaker="Chelsie",
+                                      seed=4, offset=s.first, lookahead=s.lookahead) for s in spans])
+    streamed = np.concatenate(chunks)
+    assert streamed.shape == whole.shape
+    snr = 10 * np.log10((whole ** 2).sum() / ((whole - streamed) ** 2).sum())
+    assert snr > 60, f"SNR {snr:.1f} dB"
+
+
+# --- Triton adapter (with a stand-in for triton_python_backend_utils) --------------------
+class _Tensor:
+    def __init__(self, name, arr):
+        self.name, self.arr = name, arr
+
+    def as_numpy(self):
+        return self.arr
+
+
+class _Metric:
+    def __init__(self, labels, buckets=None):
+        self.values: list[float] = []
+
+    def observe(self, v):
+        self.values.append(v)
+
+    increment = observe
+
+
+def _fake_pb_utils() -> types.ModuleType:
+    pb = types.ModuleType("triton_python_backend_utils")
+
+    class TritonError(Exception):
+        INVALID_ARG, INTERNAL, UNAVAILABLE = "INVALID_ARG", "INTERNAL", "UNAVAILABLE"
+
+        def __init__(self, msg, code=None):
+            super().__init__(msg)
+            self.code = code
+
+    class MetricFamily:
+        COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
+
+        def __init__(self, name, description, kind):
+            self.name = name
+
+        def Metric(self, labels, buckets=None):  # noqa: N802 (Triton's name)
+            return _Metric(labels, buckets)
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=(), error=None):
+            self.outputs = {t.name: t.arr for t in output_tensors}
+            self.error = error
+
+    pb.TritonError, pb.MetricFamily, pb.InferenceResponse, pb.Tensor = (TritonError, MetricFamily,
+                                                                        InferenceResponse, _Tensor)
+    pb.get_input_tensor_by_name = lambda request, name: (
+        None if request.get(name) is None else _Tensor(name, request[name]))
+    return pb
+
+
+def test_adapter_answers_each_request_and_adds_the_batch_dimension(folder, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    path = Path(__file__).resolve().parents[2] / "backends" / "omni_audio" / "model.py"
+    spec = importlib.util.spec_from_file_location("omni_audio_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / ENGINE_ARGS_FILE).write_text(f'{{"model": "{folder}", "num_steps": {STEPS}}}')
+    model = module.TritonPythonModel()
+    model.initialize({"model_name": "audio", "model_repository": str(tmp_path)})
+
+    good = tensors([STREAM[:10]], context_tokens=2, seed=1)
+    out = model.execute([good, tensors([[600]]), tensors([STREAM[:10]], speaker="Ethan", seed=1)])
+    assert out[0].error is None and out[0].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 8 * SPC)
+    assert out[0].outputs[AUDIO.AUDIO_CHUNK].dtype == np.float32
+    assert out[0].outputs[AUDIO.SAMPLE_RATE].tolist() == [[24000]]
+    assert out[1].error.code == "INVALID_ARG"
+    assert "codec_tokens: codes must be in [0, 512)" in str(out[1].error)
+    assert out[2].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 10 * SPC)
+    assert model._batch.values == [3] and model._seconds.values == [8 * SPC / 24000, 10 * SPC / 24000]
