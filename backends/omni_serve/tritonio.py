@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -297,12 +298,25 @@ class Metrics:
 
 # --- BLS: calling other models of this server ------------------------------------------
 
+# Triton 2.51 hands BLS callers every child error as INTERNAL (the code is lost,
+# the message kept). Omni stages word a bad request as "<field>: <message>"
+# (RequestError; fields are lower-case, unlike the exception type names of
+# internal errors), so that form is taken back to INVALID_ARG.
+_REQUEST_ERROR = re.compile(r"^[a-z_][a-z0-9_.\[\]]*: ")
+_UNAVAILABLE = re.compile(r"is not ready|is not serving|not found|unavailable", re.IGNORECASE)
+
+
 def _error_code(error) -> str:
     pb_utils = pb()
     code = error.code() if hasattr(error, "code") else None
     for name in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "NOT_FOUND"):
         if code is not None and code == getattr(pb_utils.TritonError, name, object()):
             return "UNAVAILABLE" if name == "NOT_FOUND" else name
+    message = error.message()
+    if _REQUEST_ERROR.match(message):
+        return "INVALID_ARG"
+    if _UNAVAILABLE.search(message):
+        return "UNAVAILABLE"
     return "INTERNAL"
 
 

@@ -44,3 +44,8 @@ def text_chat_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def text_to_image_server(tmp_path_factory):
     yield from _session_server("text-to-image", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def omni_chat_server(tmp_path_factory):
+    yield from _session_server("omni-chat", tmp_path_factory)

@@ -335,7 +335,8 @@ def _print_presets() -> None:
 
 
 def _describe(plans: list[StagePlan]) -> str:
-    return "\n".join(f"  {p.name}: backend {p.config.backend}, model {p.engine['model']}"
+    return "\n".join(f"  {p.name}: backend {p.config.backend}"
+                     + (f", model {p.engine['model']}" if "model" in p.engine else "")
                      for p in plans)
 
 

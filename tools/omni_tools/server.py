@@ -89,8 +89,11 @@ class TritonServer:
                                    f"log: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
+                    ready = r.status == 200
+                if ready:  # the metrics endpoint comes up last
+                    with urllib.request.urlopen(self.metrics_url, timeout=2) as r:
+                        if r.status == 200:
+                            return
             except OSError:
                 pass
             time.sleep(0.5)

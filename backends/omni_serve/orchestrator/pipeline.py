@@ -139,6 +139,17 @@ def _first(arr: np.ndarray | None, default: Any = None) -> Any:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
+def media_span(span: tuple[str, str, str], rows: int) -> str:
+    """`<|audio_bos|><|AUDIO|>...<|audio_eos|>` with one placeholder per encoder row."""
+    return span[0] + span[1] * rows + span[2]
+
+
+def chat_prompt(system: str, user: str) -> str:
+    """The thinker's ChatML prompt (Qwen2.5-Omni's template for one user turn)."""
+    return (f"<|im_start|>system\n{system}<|im_end|>\n"
+            f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+
+
 async def _until_first_failure(first: asyncio.Task, *others: asyncio.Task) -> None:
     """Wait for `first` to finish; raise as soon as it or any other task fails."""
     pending = {first, *others}
@@ -245,10 +256,8 @@ class OmniPipeline:
             emb = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
             emb = emb.reshape(-1, emb.shape[-1])
             rows.append(emb)
-            parts.append(span[0] + span[1] * emb.shape[0] + span[2])
-        user = "".join(parts) + req.text
-        prompt = (f"<|im_start|>system\n{self.cfg.system_prompt}<|im_end|>\n"
-                  f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+            parts.append(media_span(span, emb.shape[0]))
+        prompt = chat_prompt(self.cfg.system_prompt, "".join(parts) + req.text)
         return (np.concatenate(rows) if rows else None), prompt
 
     # --- thinker ---------------------------------------------------------------------
@@ -323,7 +332,7 @@ class OmniPipeline:
                         math.ceil(len(segment) * self.cfg.talker_codes_per_token))
         sampling = {**self.cfg.talker_sampling, "max_tokens": max_codes,
                     "allowed_token_ids": [*range(codec.offset, codec.offset + codec.size), codec.eos],
-                    "stop_token_ids": [codec.eos], "detokenize": False}
+                    "stop_token_ids": [codec.eos]}
         if req.seed is not None:
             sampling["seed"] = req.seed + index
         inputs = {

@@ -1,0 +1,149 @@
+"""Raw tritonclient helpers for the omni entry model (what a stock Triton client does)."""
+from __future__ import annotations
+
+import io
+import json
+import queue
+from dataclasses import dataclass, field
+
+import numpy as np
+import soundfile as sf
+import tritonclient.grpc as grpcclient
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from omni_serve.contract import OMNI
+
+MODEL = "omni"
+
+
+@dataclass
+class OmniResult:
+    """Every response of one omni request, in arrival order."""
+
+    kinds: list[str] = field(default_factory=list)  # "text" / "audio" / "image" per response part
+    deltas: list[str] = field(default_factory=list)
+    chunks: list[np.ndarray] = field(default_factory=list)
+    sample_rate: int | None = None
+    images: list[bytes] = field(default_factory=list)
+    finish_reason: str | None = None
+    metrics: dict | None = None
+    error: InferenceServerException | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+
+
+def _tensor(name: str, arr: np.ndarray, dtype: str):
+    x = grpcclient.InferInput(name, list(arr.shape), dtype)
+    x.set_data_from_numpy(arr)
+    return x
+
+
+def omni_inputs(text: str = "describe what you get", *, modalities=None, image: bytes | None = None,
+                audio: bytes | None = None, sampling: dict | None = None, speaker: str | None = None,
+                seed: int | None = None):
+    ins = [_tensor(OMNI.TEXT_INPUT, np.array([text.encode()], dtype=object), "BYTES")]
+    if modalities is not None:
+        ins.append(_tensor(OMNI.MODALITIES, np.array([m.encode() for m in modalities], dtype=object),
+                           "BYTES"))
+    for name, data in ((OMNI.IMAGE, image), (OMNI.AUDIO, audio)):
+        if data is not None:
+            ins.append(_tensor(name, np.array([data], dtype=object), "BYTES"))
+    if sampling is not None:
+        ins.append(_tensor(OMNI.SAMPLING_PARAMETERS,
+                           np.array([json.dumps(sampling).encode()], dtype=object), "BYTES"))
+    if speaker is not None:
+        ins.append(_tensor(OMNI.SPEAKER, np.array([speaker.encode()], dtype=object), "BYTES"))
+    if seed is not None:
+        ins.append(_tensor(OMNI.SEED, np.array([seed], dtype=np.int64), "INT64"))
+    return ins
+
+
+class OmniStream:
+    """One gRPC stream to the omni model; responses land in a queue."""
+
+    def __init__(self, url: str):
+        self.client = grpcclient.InferenceServerClient(url)
+        self.q: queue.Queue = queue.Queue()
+        # the header makes an error response close the stream with its real gRPC code
+        self.client.start_stream(callback=lambda result, error: self.q.put((result, error)),
+                                 headers={"triton_grpc_error": "true"})
+
+    def send(self, inputs) -> None:
+        self.client.async_stream_infer(MODEL, inputs, enable_empty_final_response=True)
+
+    def next(self, timeout: float = 120.0):
+        return self.q.get(timeout=timeout)
+
+    def collect(self, result: OmniResult | None = None, timeout: float = 120.0) -> OmniResult:
+        """Read responses until the final one (or an error)."""
+        result = result or OmniResult()
+        while True:
+            response, error = self.next(timeout)
+            if error is not None:
+                result.error = error
+                return result
+            if absorb(result, response):
+                return result
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def absorb(result: OmniResult, response) -> bool:
+    """Add one response to `result`; True when it was the final one."""
+    res = response.get_response()
+    names = {o.name for o in res.outputs}
+    if OMNI.TEXT_OUTPUT in names:
+        result.deltas.append(response.as_numpy(OMNI.TEXT_OUTPUT)[0].decode())
+        result.kinds.append("text")
+    if OMNI.AUDIO_CHUNK in names:
+        chunk = response.as_numpy(OMNI.AUDIO_CHUNK)
+        assert chunk.dtype == np.float32 and chunk.ndim == 1
+        result.chunks.append(chunk)
+        result.sample_rate = int(response.as_numpy(OMNI.SAMPLE_RATE)[0])
+        result.kinds.append("audio")
+    if OMNI.IMAGE_OUTPUT in names:
+        result.images.append(bytes(response.as_numpy(OMNI.IMAGE_OUTPUT)[0]))
+        result.kinds.append("image")
+    if OMNI.FINISH_REASON in names:
+        result.finish_reason = response.as_numpy(OMNI.FINISH_REASON)[0].decode()
+        result.metrics = json.loads(response.as_numpy(OMNI.METRICS)[0])
+    final = res.parameters.get("triton_final_response")
+    return bool(final and final.bool_param)
+
+
+def run_omni(url: str, **kwargs) -> OmniResult:
+    stream = OmniStream(url)
+    try:
+        stream.send(omni_inputs(**kwargs))
+        return stream.collect()
+    finally:
+        stream.close()
+
+
+# --- media --------------------------------------------------------------------------
+
+def png(width: int = 100, height: int = 80, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def tone(seconds: float = 1.0, rate: int = 16000, freq: float = 440.0) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def wav(samples: np.ndarray, rate: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format="WAV")
+    return buf.getvalue()
