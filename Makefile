@@ -2,7 +2,7 @@
 # Both do all set-up first (tools/setup.sh is idempotent and fast when done).
 SHELL := /bin/bash
 VENV := .venv
-PRESET ?= text-chat
+PRESET ?= omni-chat
 REPO := model_repository/build/$(PRESET)
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001

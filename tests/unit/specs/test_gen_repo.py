@@ -332,7 +332,8 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys, monkeypatch, argv, message):
 def test_cli_lists_presets(capsys):
     code, out, _ = run_cli(["--list-presets"], capsys)
     assert code == 0
-    assert out.splitlines()[0].startswith("text-chat ")
+    names = [line.split()[0] for line in out.splitlines()]
+    assert names == ["omni-chat", "text-chat", "text-to-image"]
 
 
 def test_the_cli_process_exits_2_without_a_traceback(tmp_path):

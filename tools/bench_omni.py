@@ -1,0 +1,162 @@
+"""Benchmark: omni-chat speech replies, pipelined vs stage-by-stage, on one tritonserver.
+
+One server serves the omni-chat preset with two entry models over the same
+stages: `omni` (mode pipelined: the talker starts on the first reply segment,
+the decoder on the first codec chunk) and `omni_sequential` (mode sequential:
+thinker, then talker, then decoder, each waiting for the previous stage to
+finish). Every round measures each concurrency level on both, order
+alternating, so drift hits both alike. Per request the client records the
+time to the first audio chunk and to the final response; per level it
+reports requests/s. Each request: text + a 1 s WAV in, text + speech out.
+
+    .venv/bin/python tools/bench_omni.py
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import queue
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from omni_serve.contract import OMNI
+
+MODES = {"pipelined": "omni", "sequential": "omni_sequential"}
+
+
+def _wav() -> bytes:
+    import soundfile as sf
+
+    t = np.arange(16000) / 16000
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes) -> dict:
+    """Send one streamed request; client-side times to first text, first audio and the end."""
+    import tritonclient.grpc as grpcclient
+
+    def t(name, arr, dtype):
+        x = grpcclient.InferInput(name, list(arr.shape), dtype)
+        x.set_data_from_numpy(arr)
+        return x
+
+    sampling = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
+    inputs = [t(OMNI.TEXT_INPUT, np.array([f"request {i}: tell me a story".encode()], object), "BYTES"),
+              t(OMNI.AUDIO, np.array([audio], object), "BYTES"),
+              t(OMNI.MODALITIES, np.array([b"text", b"audio"], object), "BYTES"),
+              t(OMNI.SAMPLING_PARAMETERS, np.array([json.dumps(sampling).encode()], object), "BYTES"),
+              t(OMNI.SEED, np.array([i], np.int64), "INT64")]
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: q.put((result, error)),
+                        headers={"triton_grpc_error": "true"})
+    t0 = time.perf_counter()
+    first_text = first_audio = None
+    audio_s = 0.0
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=600)
+            if error is not None:
+                raise RuntimeError(str(error))
+            res = result.get_response()
+            names = {o.name for o in res.outputs}
+            now = time.perf_counter() - t0
+            if OMNI.TEXT_OUTPUT in names and first_text is None:
+                first_text = now
+            if OMNI.AUDIO_CHUNK in names:
+                first_audio = first_audio if first_audio is not None else now
+                audio_s += result.as_numpy(OMNI.AUDIO_CHUNK).size / int(
+                    result.as_numpy(OMNI.SAMPLE_RATE)[0])
+            final = res.parameters.get("triton_final_response")
+            if final and final.bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return {"ttft": first_text, "ttfa": first_audio, "total": time.perf_counter() - t0,
+            "audio_s": audio_s}
+
+
+def level(url: str, model: str, concurrency: int, n: int, max_tokens: int, audio: bytes) -> dict:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        rows = list(pool.map(lambda i: one_request(url, model, i, max_tokens, audio), range(n)))
+    wall = time.perf_counter() - t0
+    ttfa = [r["ttfa"] for r in rows]
+    total = [r["total"] for r in rows]
+    return {"requests_s": n / wall, "ttfa_p50": float(np.median(ttfa)),
+            "total_p50": float(np.median(total)),
+            "ttfa_over_total_p50": float(np.median([a / b for a, b in zip(ttfa, total)])),
+            "ttft_p50": float(np.median([r["ttft"] for r in rows])),
+            "audio_s_mean": float(np.mean([r["audio_s"] for r in rows]))}
+
+
+def main(argv=None) -> int:
+    from omni_tools import gen_repo, spec
+    from omni_tools.server import TritonServer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests-per-slot", type=int, default=2,
+                    help="requests per level = this x concurrency (at least 4)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--out", default="docs/benchmarks/omni_pipelining.json")
+    args = ap.parse_args(argv)
+
+    data = spec.load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
+    seq = json.loads(json.dumps(data["stages"]["omni"]))
+    seq["engine_args"]["mode"] = "sequential"
+    data["stages"][MODES["sequential"]] = seq
+    audio = _wav()
+    results: dict = {"command": " ".join(["python", *sys.argv]), "max_tokens": args.max_tokens,
+                     "levels": {}}
+    runs: dict = {c: {m: [] for m in MODES} for c in args.concurrency}
+    with tempfile.TemporaryDirectory(prefix="bench-omni-") as d:
+        repo = Path(d) / "repo"
+        gen_repo.generate(spec.parse_spec(data, base_dir=Path(d)), repo, force=True)
+        server = TritonServer(repo, log_path=Path(d) / "tritonserver.log").start()
+        try:
+            for model in MODES.values():  # warm-up
+                level(server.grpc_url, model, 2, 2, 16, audio)
+            for rnd in range(args.rounds):
+                for c in args.concurrency:
+                    order = list(MODES) if rnd % 2 == 0 else list(reversed(MODES))
+                    for mode in order:
+                        n = max(4, args.requests_per_slot * c)
+                        r = level(server.grpc_url, MODES[mode], c, n, args.max_tokens, audio)
+                        runs[c][mode].append(r)
+                        print(f"round={rnd} c={c} {mode:10s} {r['requests_s']:.3f} req/s  "
+                              f"first audio p50 {r['ttfa_p50']:.3f}s  total p50 {r['total_p50']:.3f}s "
+                              f"(ratio {r['ttfa_over_total_p50']:.3f})", flush=True)
+        finally:
+            server.stop()
+    for c, r in runs.items():
+        summary = {}
+        for mode, rows in r.items():
+            summary[mode] = {k: float(np.mean([row[k] for row in rows])) for k in rows[0]}
+        p, s = summary["pipelined"], summary["sequential"]
+        summary["throughput_ratio"] = p["requests_s"] / s["requests_s"]
+        summary["throughput_ratio_per_round"] = [a["requests_s"] / b["requests_s"]
+                                                 for a, b in zip(r["pipelined"], r["sequential"])]
+        results["levels"][c] = summary
+        print(f"c={c}: pipelined {p['requests_s']:.3f} vs sequential {s['requests_s']:.3f} req/s -> "
+              f"{summary['throughput_ratio']:.2f}x; first audio / total (pipelined) "
+              f"{p['ttfa_over_total_p50']:.3f}, (sequential) {s['ttfa_over_total_p50']:.3f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
