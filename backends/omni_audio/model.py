@@ -19,7 +19,7 @@ from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
 from omni_serve.contract import AUDIO, AUDIO_CONTRACT, ENGINE_ARGS_FILE
-from omni_serve.tritonio import Metrics, make_response, pb, read_inputs, triton_error
+from omni_serve.tritonio import Metrics, apply_stage_env, make_response, pb, read_inputs, triton_error
 
 log = logging.getLogger("omni_audio")
 
@@ -28,6 +28,7 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 class TritonPythonModel:
     def initialize(self, args):
+        apply_stage_env(args)
         self.model_name = args["model_name"]
         with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
             self.cfg = AudioStageConfig.model_validate(json.load(f))

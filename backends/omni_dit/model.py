@@ -18,7 +18,7 @@ from omni_serve.contract import DIT, DIT_CONTRACT, ENGINE_ARGS_FILE
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.pipeline import DitRunner, encode_png
 from omni_serve.dit.request import parse_request
-from omni_serve.tritonio import Metrics, pb, read_inputs, triton_error
+from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, triton_error
 
 log = logging.getLogger("omni_dit")
 
@@ -27,6 +27,7 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 class TritonPythonModel:
     def initialize(self, args):
+        apply_stage_env(args)
         self.model_name = args["model_name"]
         with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
             self.cfg = DitStageConfig.model_validate(json.load(f))

@@ -19,7 +19,7 @@ from omni_serve.contract import ENCODER, ENCODER_CONTRACT, ENGINE_ARGS_FILE
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
-from omni_serve.tritonio import Metrics, pb, read_inputs, triton_error
+from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, triton_error
 
 log = logging.getLogger("omni_encoder")
 
@@ -36,6 +36,7 @@ def _media(request) -> bytes:
 
 class TritonPythonModel:
     def initialize(self, args):
+        apply_stage_env(args)
         self.model_name = args["model_name"]
         with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
             self.cfg = EncoderStageConfig.model_validate(json.load(f))

@@ -27,6 +27,7 @@ from omni_serve.tritonio import (
     Metrics,
     Outbox,
     ResponseSender,
+    apply_stage_env,
     make_response,
     pb,
     read_inputs,
@@ -60,6 +61,7 @@ def _response(events: list):
 
 class TritonPythonModel:
     def initialize(self, args):
+        apply_stage_env(args)
         self.model_name = args["model_name"]
         config = json.loads(args["model_config"])
         if not pb().using_decoupled_model_transaction_policy(config):

@@ -327,3 +327,5 @@ CONTRACTS: dict[str, StageContract] = {
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"
+# config.pbtxt parameters `env.<NAME>` set <NAME> in the stage's stub process.
+ENV_PARAMETER_PREFIX = "env."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_serve.contract import StageContract
+from omni_serve.contract import ENV_PARAMETER_PREFIX, StageContract
 from omni_serve.errors import RequestError, StageFailedError, StageUnavailableError
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,20 @@ def triton_error(exc: Exception):
     msg = str(exc) if isinstance(exc, (RequestError, StageUnavailableError, StageFailedError)) else (
         f"{type(exc).__name__}: {exc}")
     return pb_utils.TritonError(msg, code)
+
+
+def apply_stage_env(args: dict) -> dict[str, str]:
+    """Set the `env.<NAME>` parameters of the model config in this (stub) process.
+
+    Call first in initialize(): processes the stage starts afterwards (vLLM's
+    engine core) inherit them. Returns what was set.
+    """
+    config = json.loads(args["model_config"]) if isinstance(args.get("model_config"), str) else {}
+    env = {key[len(ENV_PARAMETER_PREFIX):]: value.get("string_value", "")
+           for key, value in (config.get("parameters") or {}).items()
+           if key.startswith(ENV_PARAMETER_PREFIX)}
+    os.environ.update(env)
+    return env
 
 
 def read_inputs(request, contract: StageContract) -> dict[str, np.ndarray | None]:

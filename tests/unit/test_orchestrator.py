@@ -71,8 +71,10 @@ class ScriptedStages:
             seed = int(inputs[AUDIO.SEED].reshape(-1)[0])
             self.decoded.append((codes, context, lookahead, offset, seed))
             self.log.append("audio")
+            await asyncio.sleep(0.03 if offset + context == 0 else 0.001)  # out-of-order finishes
             n = (len(codes) - context - lookahead) * SAMPLES_PER_CODE
-            return {AUDIO.AUDIO_CHUNK: np.zeros((1, n), np.float32),
+            marks = [seed * 10000 + offset + context + i // SAMPLES_PER_CODE for i in range(n)]
+            return {AUDIO.AUDIO_CHUNK: np.array([marks], np.float32),
                     AUDIO.SAMPLE_RATE: np.array([[100]], np.int32)}
         if model == "dit":
             return {DIT.IMAGE: np.array([[b"\x89PNG fake"]], dtype=np.object_)}
@@ -81,6 +83,8 @@ class ScriptedStages:
     async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
         self.calls.append((model, inputs))
         self.open_streams.add(request_id)
+        talking = sum("talker" in r for r in self.open_streams)
+        self.max_talking = max(getattr(self, "max_talking", 0), talking)
         finished = False
         try:
             if model == self.fail:
@@ -105,7 +109,7 @@ class ScriptedStages:
                 assert ids[-1] == CODEC["bos"]
                 sampling = json.loads(inputs[LLM.SAMPLING_PARAMETERS][0])
                 for i in range(sampling["max_tokens"]):
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(0.005)
                     yield {LLM.TOKEN_IDS: np.array([CODEC["offset"] + (i % CODEC["size"])], np.int64)}
             finished = True
         finally:
@@ -163,25 +167,33 @@ def test_sequential_mode_voices_nothing_before_the_thinker_ends():
     assert any(isinstance(e, AudioChunk) for e in events)
 
 
-def test_every_codec_code_is_voiced_once_with_bounded_left_context():
-    cfg = config()
+@pytest.mark.parametrize("mode", ["pipelined", "sequential"])
+def test_every_codec_code_is_voiced_once_and_in_order(mode):
+    cfg = config(mode=mode)
     stages = ScriptedStages(reply_tokens=11)
-    events = run(OmniPipeline(cfg, stages), tensors(modalities=["audio"]), cfg)
+    events = run(OmniPipeline(cfg, stages), tensors(modalities=["audio"], seed=5), cfg)
     talker_calls = [i for m, i in stages.calls if m == "talker"]
     # segments of 4, then 6, then the rest (1): max_tokens = max(4, 2 * len)
     assert [len(i[LLM.PROMPT_TOKEN_IDS]) - 1 for i in talker_calls] == [4, 6, 1]
-    total_codes = sum(json.loads(i[LLM.SAMPLING_PARAMETERS][0])["max_tokens"] for i in talker_calls)
-    voiced = 0
+    per_segment = [json.loads(i[LLM.SAMPLING_PARAMETERS][0])["max_tokens"] for i in talker_calls]
     for codes, context, lookahead, offset, _ in stages.decoded:
-        assert offset + context == voiced  # stream positions continue across chunks and segments
+        assert 0 <= context <= cfg.left_context_codes + cfg.align_codes
         assert lookahead <= cfg.right_context_codes
-        voiced += len(codes) - context - lookahead
-    assert voiced == total_codes
-    assert len({seed for *_, seed in stages.decoded}) == 1  # one noise stream per request
+    # the audio comes out in order: segment by segment (one noise seed each), code by code
+    pcm = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+    marks = pcm[::SAMPLES_PER_CODE].astype(np.int64)
+    want = [(5 + seg) * 10000 + pos for seg, n in enumerate(per_segment) for pos in range(n)]
+    assert marks.tolist() == want
     first_codes, first_context, first_lookahead, _, _ = stages.decoded[0]
     assert first_context == 0 and len(first_codes) - first_lookahead == cfg.first_chunk_codes
-    pcm = sum(e.pcm.size for e in events if isinstance(e, AudioChunk))
-    assert pcm == total_codes * SAMPLES_PER_CODE
+
+
+def test_pipelined_segments_talk_concurrently_and_sequential_ones_do_not():
+    for mode, overlap in (("pipelined", True), ("sequential", False)):
+        cfg = config(mode=mode, first_segment_tokens=2, segment_tokens=2)
+        stages = ScriptedStages(reply_tokens=12, token_delay=0.001)
+        run(OmniPipeline(cfg, stages), tensors(modalities=["audio"]), cfg)
+        assert (stages.max_talking > 1) is overlap, mode
 
 
 def test_media_rows_fill_the_prompt_placeholders():

@@ -33,7 +33,7 @@ from google.protobuf import json_format, text_format
 from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2
 
-from omni_serve.contract import CONTRACTS, ENGINE_ARGS_FILE, TensorSpec
+from omni_serve.contract import CONTRACTS, ENGINE_ARGS_FILE, ENV_PARAMETER_PREFIX, TensorSpec
 
 from .spec import (
     SPECS_DIR,
@@ -103,6 +103,9 @@ def build_model_config(stage_name: str, stage: StageSpec) -> model_config_pb2.Mo
     }
     if contract.decoupled:
         config["model_transaction_policy"] = {"decoupled": True}
+    if stage.env:
+        config["parameters"] = {f"{ENV_PARAMETER_PREFIX}{k}": {"string_value": v}
+                                for k, v in stage.env.items()}
     if stage.triton_batched:
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": str(stage.effective_max_queue_delay_us)}

@@ -62,6 +62,7 @@ DEFAULT_MAX_QUEUE_DELAY_US = 2000
 TINY_PREFIX = "tiny:"
 PIPELINE_NAME_RE = re.compile(r"[a-z0-9-]+")
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
+ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 MODEL_IN_ENGINE_ARGS = "not allowed here: the checkpoint comes from the stage's `model` key"
 SPECS_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "specs"
 
@@ -180,6 +181,19 @@ class StageSpec(_Strict):
     max_batch_size: Annotated[int, Field(ge=0)] | None = None
     # Triton's dynamic batcher (backends whose contract batches in Triton).
     max_queue_delay_us: Annotated[int, Field(ge=0)] | None = None
+    # Environment of this stage's stub process (and the engine processes it
+    # starts), e.g. VLLM_CPU_OMP_THREADS_BIND to give two vLLM engines their
+    # own cores. Written as config.pbtxt parameters `env.<NAME>`.
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not ENV_NAME_RE.fullmatch(k)]
+        if bad:
+            raise _Problems(*[((k,), "not an environment variable name ([A-Z_][A-Z0-9_]*)")
+                              for k in bad])
+        return env
 
     @property
     def tiny_model(self) -> str | None:

@@ -59,6 +59,11 @@ class OrchestratorConfig(BaseModel):
     talker_min_codes: int = Field(default=8, ge=1)
     talker_sampling: dict[str, Any] = Field(
         default_factory=lambda: {"temperature": 0.9, "top_k": 40, "repetition_penalty": 1.05})
+    # Pipelined mode: how many reply segments may be with the talker at once
+    # (vLLM batches them) and decoder chunks in flight per request (Triton
+    # batches them); audio still goes out in order.
+    parallel_segments: int = Field(default=4, ge=1)
+    parallel_chunks: int = Field(default=4, ge=1)
     first_chunk_codes: int = Field(default=12, ge=1)
     chunk_codes: int = Field(default=24, ge=1)
     left_context_codes: int = Field(default=12, ge=0)

@@ -48,7 +48,30 @@ AUDIO_SPAN = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
 IMAGE_SPAN = ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
 
 
-_SEGMENT_END = object()  # marks the end of a talker segment in the decoder's queue
+@dataclass(frozen=True)
+class Chunk:
+    """One decoder request: `codes` = left context + the codes voiced + right context."""
+
+    segment: int
+    codes: list[int]
+    context: int
+    lookahead: int
+    offset: int  # position of codes[0] in its segment
+    end: int  # one past the last code voiced, in its segment
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first real error in a (nested) exception group (cancellations come last)."""
+    leaves = []
+    stack = [group]
+    while stack:
+        exc = stack.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            stack[:0] = list(exc.exceptions)
+        else:
+            leaves.append(exc)
+    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
+    return (real or leaves)[0]
 
 
 class StageCallError(Exception):
@@ -302,31 +325,64 @@ class OmniPipeline:
     # --- talker + audio decoder ------------------------------------------------------
     async def _speak(self, req: OmniRequest, segments: asyncio.Queue,
                      emit: Callable[[Event], None], t: Timings) -> None:
-        chunks: asyncio.Queue = asyncio.Queue()
-        talk = asyncio.create_task(self._talk_all(req, segments, chunks, t))
-        if self.cfg.mode == "sequential":
-            async with _TaskGroup([talk]):
-                await talk
-            await self._voice(req, chunks, emit, t)
+        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
+        if self.cfg.mode == "sequential":  # every talker call, then every decoder call
+            chunks: list[Chunk] = []
+            index = 0
+            while (segment := await segments.get()) is not None:
+                t.audio_start = t.audio_start or time.perf_counter()
+                chunks.extend([chunk async for chunk in self._talk(req, segment, index, t)])
+                index += 1
+            for chunk in chunks:
+                self._emit_audio(await self._decode(req, chunk, seed, t), emit, t)
             return
-        voice = asyncio.create_task(self._voice(req, chunks, emit, t))
-        async with _TaskGroup([talk, voice]):
-            await _until_first_failure(talk, voice)  # a failed decoder stops the talker
-            await voice
+        # pipelined: segments talk concurrently (vLLM batches them), chunks decode
+        # concurrently (Triton batches them); audio still goes out in order.
+        order: asyncio.Queue = asyncio.Queue()  # per segment, in order: its queue of decodes
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._talk_segments(req, segments, order, seed, tg, t))
+                while (decodes := await order.get()) is not None:
+                    while (decode := await decodes.get()) is not None:
+                        self._emit_audio(await decode, emit, t)
+        except ExceptionGroup as group:
+            raise _first_error(group) from None
 
-    async def _talk_all(self, req: OmniRequest, segments: asyncio.Queue,
-                        chunks: asyncio.Queue, t: Timings) -> None:
+    async def _talk_segments(self, req: OmniRequest, segments: asyncio.Queue, order: asyncio.Queue,
+                             seed: int, tg: asyncio.TaskGroup, t: Timings) -> None:
+        talkers = asyncio.Semaphore(self.cfg.parallel_segments)
+        decoders = asyncio.Semaphore(self.cfg.parallel_chunks)
         index = 0
-        first = True
         while (segment := await segments.get()) is not None:
             t.audio_start = t.audio_start or time.perf_counter()
-            first = await self._talk(req, segment, index, first, chunks, t)
+            decodes: asyncio.Queue = asyncio.Queue()
+            order.put_nowait(decodes)
+            await talkers.acquire()
+            tg.create_task(self._talk_segment(req, segment, index, decodes, seed, talkers, decoders,
+                                              tg, t))
             index += 1
-        chunks.put_nowait(None)
+        order.put_nowait(None)
 
-    async def _talk(self, req: OmniRequest, segment: list[int], index: int, first: bool,
-                    chunks: asyncio.Queue, t: Timings) -> bool:
-        """One talker call for one reply segment; its codes go out in decoder chunks."""
+    async def _talk_segment(self, req: OmniRequest, segment: list[int], index: int,
+                            decodes: asyncio.Queue, seed: int, talkers: asyncio.Semaphore,
+                            decoders: asyncio.Semaphore, tg: asyncio.TaskGroup, t: Timings) -> None:
+        async def decode(chunk: Chunk) -> AudioChunk:
+            try:
+                return await self._decode(req, chunk, seed, t)
+            finally:
+                decoders.release()
+
+        try:
+            async for chunk in self._talk(req, segment, index, t):
+                await decoders.acquire()
+                decodes.put_nowait(tg.create_task(decode(chunk)))
+        finally:
+            talkers.release()
+            decodes.put_nowait(None)
+
+    async def _talk(self, req: OmniRequest, segment: list[int], index: int,
+                    t: Timings) -> AsyncIterator[Chunk]:
+        """One talker call for reply segment `index`; yields its decoder chunks as codes arrive."""
         codec = self.cfg.codec
         max_codes = max(self.cfg.talker_min_codes,
                         math.ceil(len(segment) * self.cfg.talker_codes_per_token))
@@ -342,7 +398,7 @@ class OmniPipeline:
             LLM.RETURN_TOKEN_IDS: np.array([True]),
         }
         codes: list[int] = []
-        done = 0  # codes already handed to the decoder
+        done = 0  # codes already planned into chunks
         async for out in self._stream("talker", inputs, [LLM.TOKEN_IDS],
                                       f"{req.request_id}-talker-{index}", t):
             ids = out.get(LLM.TOKEN_IDS)
@@ -350,52 +406,48 @@ class OmniPipeline:
                 continue
             codes.extend(int(i) - codec.offset for i in np.asarray(ids).reshape(-1)
                          if codec.offset <= int(i) < codec.offset + codec.size)
-            done, first = self._plan_chunks(codes, done, first, False, chunks)
-        done, first = self._plan_chunks(codes, done, first, True, chunks)
-        chunks.put_nowait(_SEGMENT_END)
-        return first
+            for chunk in self._plan_chunks(codes, index, done, final=False):
+                done = chunk.end
+                yield chunk
+        for chunk in self._plan_chunks(codes, index, done, final=True):
+            yield chunk
 
-    def _plan_chunks(self, codes: list[int], done: int, first: bool, final: bool,
-                     chunks: asyncio.Queue) -> tuple[int, bool]:
+    def _plan_chunks(self, codes: list[int], segment: int, done: int, *, final: bool) -> list[Chunk]:
+        """The decoder chunks that `codes` allow now, past the first `done` codes."""
         cfg = self.cfg
+        chunks = []
         while True:
-            size = cfg.first_chunk_codes if first else cfg.chunk_codes
-            spans = chunk_plan(len(codes), done, size, cfg.left_context_codes, final,
-                               right_context=cfg.right_context_codes, align=cfg.align_codes)
+            first = segment == 0 and done == 0
+            spans = chunk_plan(len(codes), done, cfg.first_chunk_codes if first else cfg.chunk_codes,
+                               cfg.left_context_codes, final, right_context=cfg.right_context_codes,
+                               align=cfg.align_codes)
             if not spans:
-                return done, first
-            span = spans[0]  # the size may change after the first chunk: plan again
-            chunks.put_nowait((codes[span.first:span.last], span.context, span.lookahead,
-                               span.first))
-            done, first = span.end, False
+                return chunks
+            span = spans[0]  # the size changes after the first chunk: plan again
+            chunks.append(Chunk(segment, codes[span.first:span.last], span.context, span.lookahead,
+                                span.first, span.end))
+            done = span.end
 
-    async def _voice(self, req: OmniRequest, chunks: asyncio.Queue,
-                     emit: Callable[[Event], None], t: Timings) -> None:
-        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
-        base = 0  # stream position of the current segment's first code
-        voiced = 0
-        while (chunk := await chunks.get()) is not None:
-            if chunk is _SEGMENT_END:
-                base += voiced
-                voiced = 0
-                continue
-            codes, context, lookahead, first = chunk
-            inputs = {AUDIO.CODEC_TOKENS: np.array([codes], dtype=np.int64),
-                      AUDIO.CONTEXT_TOKENS: np.array([[context]], dtype=np.int32),
-                      AUDIO.LOOKAHEAD_TOKENS: np.array([[lookahead]], dtype=np.int32),
-                      AUDIO.CODE_OFFSET: np.array([[base + first]], dtype=np.int64),
-                      AUDIO.SEED: np.array([[seed]], dtype=np.int64)}
-            if req.speaker:
-                inputs[AUDIO.SPEAKER] = np.array([[req.speaker.encode()]], dtype=np.object_)
-            out = await self._infer("audio_decoder", inputs, [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], t)
-            voiced = first + len(codes)
-            pcm = np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1)
-            rate = int(_first(out[AUDIO.SAMPLE_RATE]))
-            now = time.perf_counter()
-            t.first_audio = t.first_audio or now
-            t.audio_end = now
-            t.audio_seconds += pcm.size / rate
-            emit(AudioChunk(pcm, rate))
+    async def _decode(self, req: OmniRequest, chunk: Chunk, seed: int, t: Timings) -> AudioChunk:
+        # Each segment is its own utterance: its own noise stream, positions from 0.
+        inputs = {AUDIO.CODEC_TOKENS: np.array([chunk.codes], dtype=np.int64),
+                  AUDIO.CONTEXT_TOKENS: np.array([[chunk.context]], dtype=np.int32),
+                  AUDIO.LOOKAHEAD_TOKENS: np.array([[chunk.lookahead]], dtype=np.int32),
+                  AUDIO.CODE_OFFSET: np.array([[chunk.offset]], dtype=np.int64),
+                  AUDIO.SEED: np.array([[(seed + chunk.segment) % 2**63]], dtype=np.int64)}
+        if req.speaker:
+            inputs[AUDIO.SPEAKER] = np.array([[req.speaker.encode()]], dtype=np.object_)
+        out = await self._infer("audio_decoder", inputs, [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], t)
+        return AudioChunk(np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1),
+                          int(_first(out[AUDIO.SAMPLE_RATE])))
+
+    @staticmethod
+    def _emit_audio(chunk: AudioChunk, emit: Callable[[Event], None], t: Timings) -> None:
+        now = time.perf_counter()
+        t.first_audio = t.first_audio or now
+        t.audio_end = now
+        t.audio_seconds += chunk.pcm.size / chunk.sample_rate
+        emit(chunk)
 
     # --- image generator -------------------------------------------------------------
     async def _draw(self, req: OmniRequest, reply: str, t: Timings) -> bytes:
