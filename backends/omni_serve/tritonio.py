@@ -367,6 +367,13 @@ class BlsStageClient:
 
     @staticmethod
     def _outputs(response, outputs) -> dict[str, np.ndarray]:
+        """The response's outputs as numpy arrays that own their memory.
+
+        `as_numpy()` may be a view into the response's shared memory, which is
+        freed with the response object: copy before the response goes away
+        (keeping views crashed the stub under load). Runs on the thread that
+        received the response; only plain arrays cross to the event loop.
+        """
         from omni_serve.orchestrator.pipeline import StageCallError  # noqa: PLC0415
 
         if response.has_error():
@@ -377,16 +384,15 @@ class BlsStageClient:
         for name in outputs:
             tensor = pb_utils.get_output_tensor_by_name(response, name)
             if tensor is not None:
-                out[name] = tensor.as_numpy()
+                out[name] = np.array(tensor.as_numpy(), copy=True)
         return out
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], outputs) -> dict[str, np.ndarray]:
         import asyncio  # noqa: PLC0415
 
         loop = asyncio.get_running_loop()
-        response = await loop.run_in_executor(
-            self._pool, lambda: self._request(model, inputs, outputs).exec())
-        return self._outputs(response, outputs)
+        return await loop.run_in_executor(
+            self._pool, lambda: self._outputs(self._request(model, inputs, outputs).exec(), outputs))
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs, *,
                      request_id: str, timeout_s: float):
@@ -401,7 +407,10 @@ class BlsStageClient:
         def pump() -> None:
             try:
                 for response in self._request(model, inputs, outputs, request_id).exec(decoupled=True):
-                    put(("response", response))
+                    try:
+                        put(("outputs", self._outputs(response, outputs)))
+                    except StageCallError as e:
+                        put(("error", e))
             except Exception as e:  # noqa: BLE001 - reported to the consumer
                 put(("exception", e))
             finally:
@@ -421,9 +430,10 @@ class BlsStageClient:
                 if kind == "exception":
                     finished = True
                     raise StageCallError("INTERNAL", f"{type(item).__name__}: {item}")
-                out = self._outputs(item, outputs)
-                if out:
-                    yield out
+                if kind == "error":
+                    raise item
+                if item:
+                    yield item
         finally:
             if not finished:
                 self._pool.submit(self._abort, model, request_id)

@@ -145,7 +145,8 @@ def _mm_embeds(arr: np.ndarray | None) -> np.ndarray | None:
         raise RequestError(LLM.MM_EMBEDS, f"must be FP32, got {arr.dtype}")
     if not np.isfinite(arr).all():
         raise RequestError(LLM.MM_EMBEDS, "must be finite (found NaN or inf)")
-    return arr
+    # a copy: the request's tensor may be a view of memory Triton frees after execute()
+    return np.array(arr, copy=True)
 
 
 def _parameters_dict(parameters: str | dict[str, Any] | None) -> dict[str, Any]:
