@@ -20,6 +20,7 @@ import numpy as np
 
 from omni_serve.contract import ENGINE_ARGS_FILE, OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.config import OrchestratorConfig
+from omni_serve.orchestrator.grpc_client import GrpcStageClient, local_grpc_url
 from omni_serve.orchestrator.pipeline import AudioChunk, Final, ImageOut, OmniPipeline, TextDelta
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.tritonio import (
@@ -71,7 +72,11 @@ class TritonPythonModel:
         with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
             self.cfg = OrchestratorConfig.model_validate(json.load(f))
         self._ids = itertools.count()
-        self.client = BlsStageClient()
+        if self.cfg.transport == "bls":
+            self.client = BlsStageClient()
+        else:
+            self.client = GrpcStageClient(self.cfg.triton_url or local_grpc_url())
+            log.info("[%s] calling stages over gRPC at %s", self.model_name, self.client.url)
         self.pipeline = OmniPipeline(self.cfg, self.client)
         self.sender = ResponseSender(
             self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
@@ -135,5 +140,6 @@ class TritonPythonModel:
             self.loop.call_soon_threadsafe(task.cancel)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
-        self.client.close()
+        if isinstance(self.client, BlsStageClient):
+            self.client.close()
         self.sender.close()

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["pipelined", "sequential"]
+Transport = Literal["grpc", "bls"]
 
 
 class TalkerCodec(BaseModel):
@@ -42,6 +43,12 @@ class OrchestratorConfig(BaseModel):
     stages: StageRoles
     codec: TalkerCodec | None = None
     mode: Mode = "pipelined"
+    # How stages are called: "grpc" (Triton gRPC; this server's own endpoint,
+    # read from its command line, unless `triton_url` names another) or "bls"
+    # (Python-backend BLS; crashes Triton 2.51's stub under concurrent load,
+    # see docs/omni-chat.md).
+    transport: Transport = "grpc"
+    triton_url: str | None = None
     system_prompt: str = "You are a helpful assistant that can hear, see and speak."
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})

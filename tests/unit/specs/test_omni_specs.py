@@ -1,0 +1,146 @@
+"""Specs with encoder, audio and orchestrator stages: roles, models, env, generated files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from omni_serve.contract import ENGINE_ARGS_FILE, ENV_PARAMETER_PREFIX
+from omni_tools import gen_repo
+from omni_tools.spec import SpecError, load_preset, load_spec, parse_spec
+
+
+def checkpoint(root: Path, name: str, marker: str = "config.json", **files: str) -> Path:
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / marker).write_text("{}")
+    for file, text in files.items():
+        (path / file).write_text(text)
+    return path
+
+
+@pytest.fixture
+def models(tmp_path) -> dict[str, str]:
+    codec = json.dumps({"offset": 100, "size": 16, "bos": 116, "eos": 117})
+    return {
+        "thinker": str(checkpoint(tmp_path, "thinker")),
+        "lm": str(checkpoint(tmp_path, "lm")),
+        "talker": str(checkpoint(tmp_path, "talker", **{"omni_talker.json": codec})),
+        "t2w": str(checkpoint(tmp_path, "t2w")),
+    }
+
+
+def omni_spec(models: dict[str, str], **roles) -> dict:
+    return {
+        "pipeline": "omni-test",
+        "stages": {
+            "llm": {"backend": "omni_llm", "model": models["lm"],
+                    "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}},
+            "talker": {"backend": "omni_llm", "model": models["talker"]},
+            "aenc": {"backend": "omni_encoder", "model": models["thinker"],
+                     "engine_args": {"modality": "audio"}},
+            "dec": {"backend": "omni_audio", "model": models["t2w"]},
+            "omni": {"backend": "omni_orchestrator", "engine_args": {"stages": {
+                "thinker": "llm", "talker": "talker", "audio_encoder": "aenc",
+                "audio_decoder": "dec", **roles}}},
+        },
+        "entry": "omni",
+    }
+
+
+def problems(tmp_path: Path, data: dict) -> list[str]:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    return err.value.problems
+
+
+def test_the_omni_chat_preset_loads_with_an_orchestrator_entry():
+    spec = load_preset("omni-chat")
+    assert spec.entry == "omni"
+    assert spec.stages["omni"].backend == "omni_orchestrator" and spec.stages["omni"].model is None
+    assert {s.backend for s in spec.stages.values()} == {
+        "omni_llm", "omni_encoder", "omni_audio", "omni_dit", "omni_orchestrator"}
+
+
+def test_the_orchestrator_gets_the_talker_codec_and_no_model(tmp_path, models):
+    spec = parse_spec(omni_spec(models), base_dir=tmp_path)
+    generated = tmp_path / "repo"
+    gen_repo.generate(spec, generated)
+    engine = json.loads((generated / "omni" / ENGINE_ARGS_FILE).read_text())
+    assert "model" not in engine
+    assert engine["codec"] == {"offset": 100, "size": 16, "bos": 116, "eos": 117}
+    assert engine["stages"]["thinker"] == "llm"
+
+
+def test_stage_env_becomes_config_parameters(tmp_path, models):
+    generated = tmp_path / "r"
+    gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), generated)
+    config = text_format.Parse((generated / "llm" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert config.parameters[f"{ENV_PARAMETER_PREFIX}VLLM_CPU_OMP_THREADS_BIND"].string_value == "0"
+    talker = text_format.Parse((generated / "talker" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert not talker.parameters
+
+
+def test_ragged_audio_inputs_allow_ragged_batches(tmp_path, models):
+    generated = tmp_path / "r"
+    gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), generated)
+    config = text_format.Parse((generated / "dec" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    ragged = {i.name for i in config.input if i.allow_ragged_batch}
+    assert ragged == {"codec_tokens"}
+    assert config.max_batch_size == 8 and config.HasField("dynamic_batching")
+
+
+@pytest.mark.parametrize("change,expected", [
+    (lambda d: d["stages"]["omni"]["engine_args"]["stages"].update(thinker="nope"),
+     "stages.omni.engine_args.stages.thinker: no stage named 'nope'; stages: llm, talker, aenc, "
+     "dec, omni"),
+    (lambda d: d["stages"]["omni"]["engine_args"]["stages"].update(thinker="dec"),
+     "stages.omni.engine_args.stages.thinker: stage 'dec' has backend omni_audio; the thinker "
+     "role needs omni_llm"),
+    (lambda d: d["stages"]["omni"]["engine_args"]["stages"].update(painter="llm"),
+     "stages.omni.engine_args.stages.painter: unknown role; roles: thinker, talker, "
+     "image_encoder, audio_encoder, audio_decoder, image_generator"),
+    (lambda d: d["stages"]["omni"]["engine_args"]["stages"].pop("thinker"),
+     "stages.omni.engine_args.stages.thinker: required key is missing"),
+    (lambda d: d["stages"]["omni"].update(model="/somewhere"),
+     "stages.omni.model: not used by backend omni_orchestrator (it only calls the other stages); "
+     "remove the key"),
+    (lambda d: d["stages"]["dec"].pop("model"),
+     "stages.dec.model: required: a checkpoint directory or tiny:<name>"),
+    (lambda d: d["stages"]["llm"]["env"].update({"lower": "1"}),
+     "stages.llm.env.lower: not an environment variable name ([A-Z_][A-Z0-9_]*)"),
+    (lambda d: d["stages"]["aenc"]["engine_args"].update(modalty="audio"),
+     "stages.aenc.engine_args.modalty: unknown omni_encoder argument; did you mean modality?"),
+    (lambda d: d["stages"]["omni"]["engine_args"].update(mode="eager"),
+     "stages.omni.engine_args.mode: unknown"),
+])
+def test_bad_omni_specs_name_the_key(tmp_path, models, change, expected):
+    data = omni_spec(models)
+    change(data)
+    found = problems(tmp_path, data) if "mode" not in expected else None
+    if found is not None:
+        assert found == [expected]
+        return
+    # values inside engine_args are checked by the stage's typed config when generating
+    with pytest.raises(SpecError) as err:
+        gen_repo.generate(parse_spec(data, base_dir=tmp_path), tmp_path / "repo")
+    assert err.value.problems[0].startswith("stages.omni.engine_args.mode: Input should be "
+                                            "'pipelined' or 'sequential'")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_talker_without_a_codec_file_needs_one_in_the_spec(tmp_path, models):
+    (Path(models["talker"]) / "omni_talker.json").unlink()
+    with pytest.raises(SpecError) as err:
+        gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), tmp_path / "repo")
+    assert err.value.problems[0].startswith("stages.omni.engine_args.codec: required because the "
+                                            "talker checkpoint has no readable")
