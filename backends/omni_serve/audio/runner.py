@@ -23,7 +23,6 @@ import json
 import logging
 import math
 import threading
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import AudioLimits, AudioRequest
+from omni_serve.batching import run_grouped
 
 logger = logging.getLogger(__name__)
 
@@ -107,27 +107,18 @@ class AudioRunner:
     def run(self, requests: list[AudioRequest]) -> list[np.ndarray | Exception]:
         """Per request, float32 [new_codes * samples_per_code] audio or the exception it raised, in order."""
         results: list[np.ndarray | Exception | None] = [None] * len(requests)
-        groups: dict[GroupKey, list[int]] = defaultdict(list)
+        todo = []
         for i, req in enumerate(requests):
             if req.new_codes < 1:
                 results[i] = ValueError(f"{len(req.codes)} codes with {req.context} of left and "
                                         f"{req.lookahead} of right context leave nothing to voice")
             else:
-                groups[self.group_key(req)].append(i)
-        for indices in groups.values():
-            for i, out in zip(indices, self._run_group([requests[i] for i in indices]), strict=True):
-                results[i] = out
+                todo.append(i)
+        outs = run_grouped([requests[i] for i in todo], self.group_key, self._decode,
+                           label="omni_audio")
+        for i, out in zip(todo, outs, strict=True):
+            results[i] = out
         return results  # type: ignore[return-value]  # every slot is filled above
-
-    def _run_group(self, group: list[AudioRequest]) -> list[np.ndarray | Exception]:
-        try:
-            return list(self._decode(group))
-        except Exception as e:  # one bad request must not fail its batch-mates: isolate it below
-            if len(group) == 1:
-                logger.warning("omni_audio: request failed: %s", e)
-                return [e]
-            logger.warning("omni_audio: batch of %d failed (%s); retrying one by one", len(group), e)
-        return [out for req in group for out in self._run_group([req])]
 
     def _decode(self, group: list[AudioRequest]) -> list[np.ndarray]:
         """One batched Token2Wav call for requests with equal `group_key`s."""

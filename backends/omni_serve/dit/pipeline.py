@@ -12,14 +12,14 @@ import contextlib
 import io
 import logging
 import threading
-from collections import defaultdict
 
 import numpy as np
 import torch
 from PIL import Image
 
+from omni_serve.batching import run_grouped
 from omni_serve.dit.config import DitStageConfig
-from omni_serve.dit.request import DitRequest, GroupKey, group_key
+from omni_serve.dit.request import DitRequest, group_key
 
 logger = logging.getLogger(__name__)
 
@@ -54,24 +54,7 @@ class DitRunner:
 
     def run(self, requests: list[DitRequest]) -> list[np.ndarray | Exception]:
         """One uint8 HxWx3 image or the exception that request raised, per request, in order."""
-        groups: dict[GroupKey, list[int]] = defaultdict(list)
-        for i, req in enumerate(requests):
-            groups[group_key(req)].append(i)
-        results: list[np.ndarray | Exception | None] = [None] * len(requests)
-        for indices in groups.values():
-            for i, out in zip(indices, self._run_group([requests[i] for i in indices]), strict=True):
-                results[i] = out
-        return results  # type: ignore[return-value]  # every slot is filled above
-
-    def _run_group(self, group: list[DitRequest]) -> list[np.ndarray | Exception]:
-        try:
-            return list(self._call(group))
-        except Exception as e:  # one bad request must not fail its batch-mates: isolate it below
-            if len(group) == 1:
-                logger.warning("omni_dit: request failed: %s", e)
-                return [e]
-            logger.warning("omni_dit: batch of %d failed (%s); retrying one by one", len(group), e)
-        return [out for req in group for out in self._run_group([req])]
+        return run_grouped(requests, group_key, self._call, label="omni_dit")
 
     def _call(self, group: list[DitRequest]) -> np.ndarray:
         """One batched pipeline call for requests with equal `group_key`s -> uint8 (B, H, W, 3)."""
