@@ -107,8 +107,17 @@ def build_model_config(stage_name: str, stage: StageSpec) -> model_config_pb2.Mo
         config["parameters"] = {f"{ENV_PARAMETER_PREFIX}{k}": {"string_value": v}
                                 for k, v in stage.env.items()}
     if stage.triton_batched:
-        config["dynamic_batching"] = {
-            "max_queue_delay_microseconds": str(stage.effective_max_queue_delay_us)}
+        batching: dict = {"max_queue_delay_microseconds": str(stage.effective_max_queue_delay_us)}
+        if stage.preserve_ordering:
+            batching["preserve_ordering"] = True
+        if stage.queue is not None:
+            q = stage.queue
+            batching["default_queue_policy"] = {
+                "timeout_action": q.timeout_action,
+                "default_timeout_microseconds": str(q.default_timeout_us),
+                "allow_timeout_override": q.allow_timeout_override,
+                "max_queue_size": q.max_queue_size}
+        config["dynamic_batching"] = batching
     return json_format.ParseDict(config, model_config_pb2.ModelConfig())
 
 
@@ -312,11 +321,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true",
                         help="write into a non-empty folder not made by this tool")
     parser.add_argument("--list-presets", action="store_true", help="list the shipped specs")
+    parser.add_argument("--print-schema", action="store_true",
+                        help="print the JSON schema of a pipeline spec and exit")
     return parser
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
-    if args.list_presets:
+    if args.list_presets or args.print_schema:
         return None
     if (args.spec is None) == (args.preset is None):
         return "give either a spec file or --preset NAME (exactly one)"
@@ -369,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.list_presets:
             _print_presets()
+            return 0
+        if args.print_schema:
+            print(json.dumps(PipelineSpec.model_json_schema(), indent=2))
             return 0
         spec = load_preset(args.preset) if args.preset else load_spec(args.spec)
         if args.check:

@@ -171,6 +171,22 @@ class InstancesSpec(_Strict):
         return gpus
 
 
+TimeoutAction = Literal["REJECT", "DELAY"]
+
+
+class QueuePolicySpec(_Strict):
+    """Triton's `default_queue_policy` of a dynamically batched stage."""
+
+    max_queue_size: Annotated[int, Field(ge=0)] = 0  # 0: unbounded
+    default_timeout_us: Annotated[int, Field(ge=0)] = 0  # 0: no timeout
+    timeout_action: TimeoutAction = "REJECT"  # what happens to a request that timed out
+    allow_timeout_override: bool = False  # may a request ask for its own timeout
+
+
+# vLLM engine arguments that spread one engine over several devices.
+PARALLEL_ENGINE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
 class StageSpec(_Strict):
     """One stage: a Triton model served by one of the omni backends."""
 
@@ -181,6 +197,8 @@ class StageSpec(_Strict):
     max_batch_size: Annotated[int, Field(ge=0)] | None = None
     # Triton's dynamic batcher (backends whose contract batches in Triton).
     max_queue_delay_us: Annotated[int, Field(ge=0)] | None = None
+    preserve_ordering: bool = False  # responses leave in arrival order
+    queue: QueuePolicySpec | None = None
     # Environment of this stage's stub process (and the engine processes it
     # starts), e.g. VLLM_CPU_OMP_THREADS_BIND to give two vLLM engines their
     # own cores. Written as config.pbtxt parameters `env.<NAME>`.
@@ -273,14 +291,51 @@ class StageSpec(_Strict):
                              "dynamic batcher forms its batches; 1 disables batching")
         return size
 
-    @field_validator("max_queue_delay_us")
+    @field_validator("max_queue_delay_us", "queue")
     @classmethod
-    def _queue_delay_fits_backend(cls, delay: int | None, info: ValidationInfo) -> int | None:
+    def _queue_delay_fits_backend(cls, value: Any, info: ValidationInfo) -> Any:
         backend = info.data.get("backend")
-        if delay is not None and backend in ENGINE_BATCHED_BACKENDS:
-            raise ValueError(f"not used by backend {backend}: its engine batches by itself; "
-                             "remove the key")
-        return delay
+        if value is not None and backend in ENGINE_BATCHED_BACKENDS:
+            raise ValueError(f"not used by backend {backend}: its engine batches and queues by "
+                             "itself; remove the key")
+        return value
+
+    @field_validator("preserve_ordering")
+    @classmethod
+    def _ordering_fits_backend(cls, value: bool, info: ValidationInfo) -> bool:
+        backend = info.data.get("backend")
+        if value and backend in ENGINE_BATCHED_BACKENDS:
+            raise ValueError(f"not used by backend {backend}: Triton's dynamic batcher is off "
+                             "for it; remove the key")
+        return value
+
+    @model_validator(mode="after")
+    def _parallelism_fits_instances(self) -> StageSpec:
+        devices = 1
+        for key in PARALLEL_ENGINE_ARGS:
+            value = self.engine_args.get(key, 1)
+            if isinstance(value, int) and not isinstance(value, bool):
+                devices *= max(value, 1)
+        if devices == 1:
+            return self
+        kind = self.instances.kind
+        parallel = ", ".join(f"{k}={self.engine_args[k]}" for k in PARALLEL_ENGINE_ARGS
+                             if k in self.engine_args)
+        if kind == "KIND_GPU":
+            raise _Problems((("instances", "kind"),
+                             f"KIND_GPU gives each instance exactly one GPU, but {parallel} needs "
+                             f"{devices} per engine; use KIND_MODEL and let vLLM place its workers "
+                             "(choose GPUs with CUDA_VISIBLE_DEVICES in env)"))
+        if kind == "KIND_CPU":
+            raise _Problems((("instances", "kind"),
+                             f"{parallel} spreads the engine over {devices} GPUs; KIND_CPU "
+                             "instances have none (use KIND_MODEL)"))
+        if self.instances.count > 1:
+            raise _Problems((("instances", "count"),
+                             f"{self.instances.count} instances of an engine with {parallel} "
+                             f"would need {self.instances.count * devices} devices placed by hand; "
+                             "use count 1 (vLLM batches requests itself)"))
+        return self
 
 
 def _check_stage_name(name: str) -> str:

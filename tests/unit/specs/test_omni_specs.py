@@ -152,3 +152,72 @@ def test_a_talker_without_a_codec_file_needs_one_in_the_spec(tmp_path, models):
         gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), tmp_path / "repo")
     assert err.value.problems[0].startswith("stages.omni.engine_args.codec: required because the "
                                             "talker checkpoint has no readable")
+
+
+# --- batching, queue policy, parallelism, schema -----------------------------------------
+
+def test_queue_policy_and_ordering_reach_the_dynamic_batcher(tmp_path, models):
+    data = omni_spec(models)
+    data["stages"]["dec"].update(preserve_ordering=True, queue={
+        "max_queue_size": 64, "default_timeout_us": 500000, "timeout_action": "DELAY",
+        "allow_timeout_override": True})
+    generated = tmp_path / "r"
+    gen_repo.generate(parse_spec(data, base_dir=tmp_path), generated)
+    config = text_format.Parse((generated / "dec" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    batching = config.dynamic_batching
+    assert batching.preserve_ordering
+    policy = batching.default_queue_policy
+    assert (policy.max_queue_size, policy.default_timeout_microseconds) == (64, 500000)
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.DELAY
+    assert policy.allow_timeout_override
+
+
+@pytest.mark.parametrize("stage,extra,expected", [
+    ("llm", {"queue": {"max_queue_size": 4}},
+     "stages.llm.queue: not used by backend omni_llm: its engine batches and queues by itself; "
+     "remove the key"),
+    ("llm", {"preserve_ordering": True},
+     "stages.llm.preserve_ordering: not used by backend omni_llm: Triton's dynamic batcher is off "
+     "for it; remove the key"),
+    ("dec", {"queue": {"timeout_action": "DROP"}},
+     "stages.dec.queue.timeout_action: Input should be 'REJECT' or 'DELAY' (got 'DROP')"),
+    ("dec", {"queue": {"max_queue_size": -1}},
+     "stages.dec.queue.max_queue_size: Input should be greater than or equal to 0 (got -1)"),
+    ("llm", {"instances": {"kind": "KIND_GPU", "gpus": [0, 1]},
+             "engine_args": {"tensor_parallel_size": 2}},
+     "stages.llm.instances.kind: KIND_GPU gives each instance exactly one GPU, but "
+     "tensor_parallel_size=2 needs 2 per engine; use KIND_MODEL and let vLLM place its workers "
+     "(choose GPUs with CUDA_VISIBLE_DEVICES in env)"),
+    ("llm", {"instances": {"count": 2}, "engine_args": {"tensor_parallel_size": 2}},
+     "stages.llm.instances.count: 2 instances of an engine with tensor_parallel_size=2 would need "
+     "4 devices placed by hand; use count 1 (vLLM batches requests itself)"),
+])
+def test_batching_and_parallelism_errors_name_the_key(tmp_path, models, monkeypatch, stage,
+                                                       extra, expected):
+    from omni_tools import spec as spec_mod
+
+    monkeypatch.setattr(spec_mod, "vllm_engine_arg_names",
+                        lambda: frozenset({"tensor_parallel_size", "max_model_len"}))
+    data = omni_spec(models)
+    data["stages"][stage].update(extra)
+    assert problems(tmp_path, data) == [expected]
+
+
+def test_tensor_parallel_with_kind_model_is_accepted(tmp_path, models, monkeypatch):
+    from omni_tools import spec as spec_mod
+
+    monkeypatch.setattr(spec_mod, "vllm_engine_arg_names",
+                        lambda: frozenset({"tensor_parallel_size"}))
+    data = omni_spec(models)
+    data["stages"]["llm"].update(instances={"kind": "KIND_MODEL"},
+                                 engine_args={"tensor_parallel_size": 2})
+    assert parse_spec(data, base_dir=tmp_path).stages["llm"].engine_args["tensor_parallel_size"] == 2
+
+
+def test_the_cli_prints_the_json_schema(capsys):
+    assert gen_repo.main(["--print-schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    stage = schema["$defs"]["StageSpec"]
+    assert stage["additionalProperties"] is False
+    assert {"backend", "model", "engine_args", "instances", "queue", "env"} <= set(stage["properties"])

@@ -146,7 +146,8 @@ def test_an_unknown_stage_key_lists_the_allowed_keys(tmp_path):
     data["stages"]["llm"]["batching"] = "dynamic"
     assert only_problem(tmp_path, data) == (
         "stages.llm.batching: unknown key; allowed keys here: "
-        "backend, model, engine_args, instances, max_batch_size, max_queue_delay_us, env")
+        "backend, model, engine_args, instances, max_batch_size, max_queue_delay_us, "
+        "preserve_ordering, queue, env")
 
 
 def test_an_unknown_instances_key_lists_the_allowed_keys(tmp_path):
