@@ -20,7 +20,7 @@ import numpy as np
 
 from omni_serve.contract import ENGINE_ARGS_FILE, OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.config import OrchestratorConfig
-from omni_serve.orchestrator.grpc_client import GrpcStageClient, local_grpc_url
+from omni_serve.orchestrator.grpc_client import local_grpc_url, stage_client
 from omni_serve.orchestrator.pipeline import AudioChunk, Final, ImageOut, OmniPipeline, TextDelta
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.tritonio import (
@@ -75,8 +75,9 @@ class TritonPythonModel:
         if self.cfg.transport == "bls":
             self.client = BlsStageClient()
         else:
-            self.client = GrpcStageClient(self.cfg.triton_url or local_grpc_url())
-            log.info("[%s] calling stages over gRPC at %s", self.model_name, self.client.url)
+            remote = {model: self.cfg.remote_url(model) for model in self.cfg.remote}
+            self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote)
+            log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client)
         self.sender = ResponseSender(
             self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))

@@ -214,16 +214,15 @@ def test_absurd_image_sizes_are_rejected_before_decoding(url):
 def test_cancelling_mid_stream_stops_every_engine(url, omni_chat_server):
     server = omni_chat_server
     thinker_before = _generated(server, "llm")
+    talker_before = _generated(server, "talker")
+    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
     stream = OmniStream(url)
-    stream.send(omni_inputs("speak for a long time", modalities=["audio"],
-                            sampling={"temperature": 0, "max_tokens": 1500, "ignore_eos": True}))
-    seen_audio = False
-    deadline = time.monotonic() + 60
-    while not seen_audio and time.monotonic() < deadline:
-        response, error = stream.next(timeout=60)
-        assert error is None, error
-        seen_audio = "audio_chunk" in {o.name for o in response.get_response().outputs}
-    assert seen_audio
+    stream.send(omni_inputs("speak for a long time", modalities=["audio"], sampling=long))
+    response, error = stream.next(timeout=60)  # the first text: the thinker runs
+    assert error is None, error
+    deadline = time.monotonic() + 10  # until the talker runs too (its first segment is 8 tokens)
+    while _running(server, "talker") < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
     stream.close(cancel=True)
     deadline = time.monotonic() + 15
     while (_running(server, "llm"), _running(server, "talker")) != (0, 0) \
@@ -231,9 +230,12 @@ def test_cancelling_mid_stream_stops_every_engine(url, omni_chat_server):
         time.sleep(0.1)
     assert (_running(server, "llm"), _running(server, "talker")) == (0, 0)
     thinker_tokens = _generated(server, "llm")
-    assert thinker_tokens - thinker_before < 1500 / 2  # the thinker was aborted, not finished
+    talker_codes = _generated(server, "talker")
+    # both engines stopped early: the whole reply would be 1500 tokens and ~6000 codes
+    assert 0 < thinker_tokens - thinker_before < long["max_tokens"] / 2
+    assert talker_codes - talker_before < long["max_tokens"] * 4 / 2
     time.sleep(1.0)
-    assert _generated(server, "llm") == thinker_tokens  # nothing runs on after the cancel
+    assert (_generated(server, "llm"), _generated(server, "talker")) == (thinker_tokens, talker_codes)
     assert run_omni(url, text="still there?", sampling=GREEDY).error is None
 
 

@@ -151,6 +151,14 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
                          models: dict[str, str]) -> dict:
     """The orchestrator's engine.json: its engine_args, plus the talker's codec layout."""
     engine = dict(stage.engine_args)
+    here = spec.server_of(name)
+    remote = {}
+    for target in (engine.get("stages") or {}).values():
+        if target in spec.stages and spec.server_of(target) != here:
+            there = spec.server_of(target)
+            remote[target] = {"server": there, "url": spec.servers[there].grpc_url}
+    if remote:
+        engine["remote"] = remote
     talker = (engine.get("stages") or {}).get("talker")
     if talker and "codec" not in engine and talker in models:
         codec_file = Path(models[talker]) / TALKER_CODEC_FILE
@@ -281,19 +289,34 @@ def generate(spec: PipelineSpec, out_dir: str | os.PathLike[str], *,
              force: bool = False) -> list[StagePlan]:
     """Write the model repository of `spec` into `out_dir`; returns what was written.
 
-    Raises SpecError (spec or model paths unusable) or RepoError (out_dir is
-    not empty and not a previous output, unless `force`) before writing
-    anything. A previous output of this tool is replaced; with `force`, a
-    foreign folder is written into (entries named like a stage are replaced,
-    other entries are kept).
+    A spec whose stages live on several servers gets one repository per
+    server, `out_dir/<server>/`. Raises SpecError (spec or model paths
+    unusable) or RepoError (out_dir is not empty and not a previous output,
+    unless `force`) before writing anything. A previous output of this tool
+    is replaced; with `force`, a foreign folder is written into (entries named
+    like a stage are replaced, other entries are kept).
     """
     out_dir = Path(out_dir).absolute()
     plans = plan(spec)
+    servers = spec.server_names
+    if len(servers) == 1:
+        _write_repository(spec, plans, out_dir, force)
+        return plans
+    for server in servers:  # check every folder before writing any
+        _entries_to_replace(out_dir / server,
+                            {p.name for p in plans if spec.server_of(p.name) == server}, force)
+    for server in servers:
+        _write_repository(spec, [p for p in plans if spec.server_of(p.name) == server],
+                          out_dir / server, force)
+    return plans
+
+
+def _write_repository(spec: PipelineSpec, plans: list[StagePlan], out_dir: Path,
+                      force: bool) -> None:
     replace = _entries_to_replace(out_dir, {p.name for p in plans}, force)
     manifest = {"generator": PROG, "generator_version": GENERATOR_VERSION,
                 "package_version": _package_version(), "pipeline": spec.pipeline,
                 "spec": spec.source, "stages": [p.name for p in plans]}
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
@@ -302,7 +325,6 @@ def generate(spec: PipelineSpec, out_dir: str | os.PathLike[str], *,
         _swap_in(tmp, out_dir, replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return plans
 
 
 # --- command line --------------------------------------------------------------
@@ -394,8 +416,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.output).absolute()
-    print(f"wrote {out} (pipeline {spec.pipeline})\n{_describe(plans)}\n"
-          f"serve it with: tritonserver --model-repository={out}")
+    servers = spec.server_names
+    if len(servers) == 1:
+        print(f"wrote {out} (pipeline {spec.pipeline})\n{_describe(plans)}\n"
+              f"serve it with: tritonserver --model-repository={out}")
+        return 0
+    print(f"wrote {len(servers)} repositories under {out} (pipeline {spec.pipeline})")
+    for server in servers:
+        print(f"{server}:\n{_describe([p for p in plans if spec.server_of(p.name) == server])}\n"
+              f"  serve it with: tritonserver --model-repository={out / server}")
     return 0
 
 

@@ -172,6 +172,16 @@ class InstancesSpec(_Strict):
 
 
 TimeoutAction = Literal["REJECT", "DELAY"]
+DEFAULT_SERVER = "default"
+
+
+class ServerSpec(_Strict):
+    """One tritonserver of a disaggregated pipeline."""
+
+    # host:port of its gRPC endpoint, as the other servers reach it (needed
+    # when an orchestrator elsewhere calls a stage here; OMNI_SERVER_<NAME>_URL
+    # overrides it at run time).
+    grpc_url: str | None = None
 
 
 class QueuePolicySpec(_Strict):
@@ -199,6 +209,8 @@ class StageSpec(_Strict):
     max_queue_delay_us: Annotated[int, Field(ge=0)] | None = None
     preserve_ordering: bool = False  # responses leave in arrival order
     queue: QueuePolicySpec | None = None
+    # Which tritonserver serves this stage (a key of the spec's `servers`).
+    server: str | None = None
     # Environment of this stage's stub process (and the engine processes it
     # starts), e.g. VLLM_CPU_OMP_THREADS_BIND to give two vLLM engines their
     # own cores. Written as config.pbtxt parameters `env.<NAME>`.
@@ -352,8 +364,43 @@ class PipelineSpec(_Strict):
 
     pipeline: str
     description: str | None = None
+    servers: dict[StageName, ServerSpec] = Field(default_factory=dict)
     stages: dict[StageName, StageSpec]
     entry: str | None = None
+
+    def server_of(self, stage: str) -> str:
+        return self.stages[stage].server or DEFAULT_SERVER
+
+    @property
+    def server_names(self) -> list[str]:
+        return list(dict.fromkeys(self.server_of(name) for name in self.stages))
+
+    @model_validator(mode="after")
+    def _servers_exist(self) -> PipelineSpec:
+        problems = []
+        known = ", ".join(self.servers) or "(none: add a top-level `servers` mapping)"
+        for name, stage in self.stages.items():
+            if stage.server is not None and stage.server not in self.servers:
+                problems.append((("stages", name, "server"),
+                                 f"no server named {stage.server!r}; servers: {known}"))
+        if not problems:
+            for name, stage in self.stages.items():
+                if stage.backend != "omni_orchestrator":
+                    continue
+                roles = stage.engine_args.get("stages") or {}
+                for role, target in roles.items() if isinstance(roles, Mapping) else ():
+                    if target not in self.stages or not isinstance(target, str):
+                        continue
+                    there = self.server_of(target)
+                    if there != self.server_of(name) and not (
+                            there in self.servers and self.servers[there].grpc_url):
+                        problems.append((("servers", there, "grpc_url"),
+                                         f"required: stage {target!r} ({role}) on server {there!r} "
+                                         f"is called by {name!r} on server "
+                                         f"{self.server_of(name)!r}"))
+        if problems:
+            raise _Problems(*problems)
+        return self
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: str = PrivateAttr(default="<spec>")

@@ -37,6 +37,15 @@ class StageRoles(BaseModel):
     image_generator: str | None = None
 
 
+class RemoteStage(BaseModel):
+    """A stage served by another tritonserver (written by omni-gen-repo)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: str
+    url: str | None = None  # OMNI_SERVER_<SERVER>_URL overrides it
+
+
 class OrchestratorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -49,6 +58,8 @@ class OrchestratorConfig(BaseModel):
     # see docs/omni-chat.md).
     transport: Transport = "grpc"
     triton_url: str | None = None
+    # Stages on other servers, by model name (grpc transport only).
+    remote: dict[str, RemoteStage] = Field(default_factory=dict)
     system_prompt: str = "You are a helpful assistant that can hear, see and speak."
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
@@ -91,7 +102,22 @@ class OrchestratorConfig(BaseModel):
             raise ValueError("stages.talker and stages.audio_decoder go together (speech needs both)")
         if self.stages.talker and self.codec is None:
             raise ValueError("codec is required when stages.talker is set")
+        if self.remote and self.transport != "grpc":
+            raise ValueError("remote stages need transport grpc")
         return self
+
+    def remote_url(self, model: str) -> str | None:
+        """Where `model` is served when it is not on this server (env override first)."""
+        import os  # noqa: PLC0415
+
+        stage = self.remote.get(model)
+        if stage is None:
+            return None
+        env = f"OMNI_SERVER_{stage.server.upper().replace('-', '_')}_URL"
+        url = os.environ.get(env) or stage.url
+        if not url:
+            raise ValueError(f"stage {model} is on server {stage.server}: set {env} or its grpc_url")
+        return url
 
     @property
     def output_modalities(self) -> tuple[str, ...]:

@@ -164,3 +164,33 @@ class GrpcStageClient:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+class RoutingStageClient:
+    """Sends each model's calls to the server that has it (the local one by default)."""
+
+    def __init__(self, local: GrpcStageClient, remote: dict[str, GrpcStageClient]):
+        self.local = local
+        self.remote = remote
+
+    def _for(self, model: str) -> GrpcStageClient:
+        return self.remote.get(model, self.local)
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray],
+                    outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        return await self._for(model).infer(model, inputs, outputs)
+
+    def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
+               request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]:
+        return self._for(model).stream(model, inputs, outputs, request_id=request_id,
+                                       timeout_s=timeout_s)
+
+
+def stage_client(local_url: str, remote_urls: dict[str, str]) -> GrpcStageClient | RoutingStageClient:
+    """One gRPC client per server; a router when some stages are remote."""
+    local = GrpcStageClient(local_url)
+    if not remote_urls:
+        return local
+    by_url: dict[str, GrpcStageClient] = {}
+    remote = {model: by_url.setdefault(url, GrpcStageClient(url)) for model, url in remote_urls.items()}
+    return RoutingStageClient(local, remote)

@@ -221,3 +221,47 @@ def test_the_cli_prints_the_json_schema(capsys):
     stage = schema["$defs"]["StageSpec"]
     assert stage["additionalProperties"] is False
     assert {"backend", "model", "engine_args", "instances", "queue", "env"} <= set(stage["properties"])
+
+
+# --- servers ----------------------------------------------------------------------
+
+def split(models: dict[str, str], engine_url: str | None = "10.0.0.2:8001") -> dict:
+    data = omni_spec(models)
+    data["servers"] = {"front": {}, "engine": {"grpc_url": engine_url} if engine_url else {}}
+    data["stages"]["llm"]["server"] = "engine"
+    for name in ("talker", "aenc", "dec", "omni"):
+        data["stages"][name]["server"] = "front"
+    return data
+
+
+def test_a_spec_over_two_servers_writes_one_repository_each(tmp_path, models):
+    gen_repo.generate(parse_spec(split(models), base_dir=tmp_path), tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["engine", "front"]
+    assert sorted(p.name for p in (tmp_path / "out" / "engine").iterdir()
+                  if p.is_dir()) == ["llm"]
+    engine = json.loads((tmp_path / "out" / "front" / "omni" / ENGINE_ARGS_FILE).read_text())
+    assert engine["remote"] == {"llm": {"server": "engine", "url": "10.0.0.2:8001"}}
+
+
+def test_a_remote_stage_needs_its_server_url(tmp_path, models):
+    assert problems(tmp_path, split(models, engine_url=None)) == [
+        "servers.engine.grpc_url: required: stage 'llm' (thinker) on server 'engine' is called "
+        "by 'omni' on server 'front'"]
+
+
+def test_a_stage_must_name_a_known_server(tmp_path, models):
+    data = split(models)
+    data["stages"]["dec"]["server"] = "elsewhere"
+    assert problems(tmp_path, data) == [
+        "stages.dec.server: no server named 'elsewhere'; servers: front, engine"]
+
+
+def test_the_remote_url_can_be_overridden_at_run_time(monkeypatch):
+    from omni_serve.orchestrator.config import OrchestratorConfig
+
+    cfg = OrchestratorConfig.model_validate({
+        "stages": {"thinker": "llm"}, "remote": {"llm": {"server": "engine-a", "url": "h:1"}}})
+    assert cfg.remote_url("llm") == "h:1"
+    monkeypatch.setenv("OMNI_SERVER_ENGINE_A_URL", "other:2")
+    assert cfg.remote_url("llm") == "other:2"
+    assert cfg.remote_url("talker") is None

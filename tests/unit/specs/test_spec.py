@@ -138,7 +138,7 @@ def test_parse_spec_validates_data_that_is_already_parsed(model_dir):
 def test_an_unknown_top_level_key_lists_the_allowed_keys(tmp_path):
     data = base_spec() | {"stagse": {}}
     assert only_problem(tmp_path, data) == (
-        "stagse: unknown key; allowed keys here: pipeline, description, stages, entry")
+        "stagse: unknown key; allowed keys here: pipeline, description, servers, stages, entry")
 
 
 def test_an_unknown_stage_key_lists_the_allowed_keys(tmp_path):
@@ -147,7 +147,7 @@ def test_an_unknown_stage_key_lists_the_allowed_keys(tmp_path):
     assert only_problem(tmp_path, data) == (
         "stages.llm.batching: unknown key; allowed keys here: "
         "backend, model, engine_args, instances, max_batch_size, max_queue_delay_us, "
-        "preserve_ordering, queue, env")
+        "preserve_ordering, queue, server, env")
 
 
 def test_an_unknown_instances_key_lists_the_allowed_keys(tmp_path):
