@@ -47,9 +47,10 @@ def servers(tmp_path_factory):
                    timeout=600)
     engine = TritonServer(root / "repo" / "engine", grpc_port=engine_grpc,
                           log_path=root / "engine.log")
-    front = TritonServer(root / "repo" / "front", log_path=root / "front.log")
     engine.start()
     try:
+        # ports are picked once the engine server holds its own
+        front = TritonServer(root / "repo" / "front", log_path=root / "front.log")
         front.start()
         try:
             yield front, engine

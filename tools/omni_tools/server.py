@@ -21,9 +21,26 @@ log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, exclude: set[int] | None = None) -> list[int]:
+    """`n` distinct free ports (all held open together while picking, so none repeats)."""
+    exclude = exclude or set()
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+            port = s.getsockname()[1]
+            if port not in exclude:
+                ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports
 
 
 def tritonserver_bin() -> str:
@@ -45,9 +62,11 @@ class TritonServer:
                  log_path: str | Path | None = None, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None):
         self.repository = Path(repository)
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        given = {p for p in (http_port, grpc_port, metrics_port) if p}
+        picked = iter(free_ports(3, exclude=given))
+        self.http_port = http_port or next(picked)
+        self.grpc_port = grpc_port or next(picked)
+        self.metrics_port = metrics_port or next(picked)
         self.log_path = Path(log_path) if log_path else None
         self.extra_args = extra_args or []
         self.env = env or {}
