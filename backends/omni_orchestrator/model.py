@@ -60,6 +60,29 @@ def _response(events: list):
     return make_response(tensors), final is not None
 
 
+class _CancelLatch:
+    """Cancels a request's future, also when the client cancelled before it existed."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._future = None
+        self._cancelled = False
+
+    def set(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            future = self._future
+        if future is not None:
+            future.cancel()
+
+    def attach(self, future) -> None:
+        with self._lock:
+            self._future = future
+            cancelled = self._cancelled
+        if cancelled:
+            future.cancel()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
@@ -105,10 +128,12 @@ class TritonPythonModel:
             except Exception as e:
                 self.sender.send_error(response_sender, e)
                 continue
-            outbox = Outbox(self.sender, response_sender, merge=_response)
-            future = asyncio.run_coroutine_threadsafe(self._run(req, outbox), self.loop)
-            outbox.on_cancel = future.cancel
-            self.sender.watch(outbox)
+            # Watched for cancellation from the start (Outbox.__init__): a request
+            # must never be watched after its FINAL response went out, because
+            # is_cancelled() on a finished request segfaults Triton 2.51's stub.
+            cancel = _CancelLatch()
+            outbox = Outbox(self.sender, response_sender, merge=_response, on_cancel=cancel.set)
+            cancel.attach(asyncio.run_coroutine_threadsafe(self._run(req, outbox), self.loop))
         return None
 
     async def _run(self, req, outbox: Outbox) -> None:

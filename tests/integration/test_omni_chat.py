@@ -17,7 +17,7 @@ from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.pipeline import AUDIO_SPAN, IMAGE_SPAN, chat_prompt, media_span
 
 from .llm_io import metric
-from .omni_io import OmniStream, omni_inputs, png, run_omni, tone, wav
+from .omni_io import OmniResult, OmniStream, absorb, omni_inputs, png, run_omni, tone, wav
 
 pytestmark = pytest.mark.integration
 
@@ -137,13 +137,33 @@ def test_image_and_text_answer_as_the_whole_thinker_does(url, reference):
 
 # --- speech out ---------------------------------------------------------------------
 
-def test_speech_chunks_arrive_before_the_text_is_finished_and_play(url, tmp_path):
-    result = run_omni(url, text="tell me a long story", modalities=["text", "audio"], sampling=LONG,
-                      seed=7)
+def test_speech_chunks_arrive_before_the_text_is_finished(url):
+    """Pipelined: audio comes out while the thinker still writes (a long reply, then cancel)."""
+    long = {"temperature": 0, "max_tokens": 1000, "ignore_eos": True}
+    stream = OmniStream(url)
+    stream.send(omni_inputs("tell me a long story", modalities=["text", "audio"], sampling=long,
+                            seed=7))
+    result = OmniResult()
+    try:
+        while "audio" not in result.kinds:  # until the first audio chunk
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(result, response), "the request ended before any audio"
+        while result.kinds[-1] != "text":  # then more text: the reply was not finished yet
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(result, response), "the text ended with the first audio"
+    finally:
+        stream.close(cancel=True)
+    assert result.finish_reason is None and len(result.text) > 0
+    assert result.sample_rate == 24000
+
+
+def test_speech_out_is_playable_audio_with_its_metrics(url, tmp_path):
+    result = run_omni(url, text="tell me a story", modalities=["text", "audio"],
+                      sampling={"temperature": 0, "max_tokens": 48, "ignore_eos": True}, seed=7)
     assert result.error is None, result.error
     assert result.sample_rate == 24000 and len(result.chunks) >= 3
-    last_text = max(i for i, k in enumerate(result.kinds) if k == "text")
-    assert result.kinds.index("audio") < last_text  # pipelined: speech overlaps the text
     audio = result.audio
     assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0 and audio.std() > 1e-3
     m = result.metrics
