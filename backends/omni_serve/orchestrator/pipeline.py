@@ -173,34 +173,6 @@ def chat_prompt(system: str, user: str) -> str:
             f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
 
 
-async def _until_first_failure(first: asyncio.Task, *others: asyncio.Task) -> None:
-    """Wait for `first` to finish; raise as soon as it or any other task fails."""
-    pending = {first, *others}
-    while first in pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()
-
-
-class _TaskGroup:
-    """On leaving with an error (or a cancel), cancel and await every unfinished task."""
-
-    def __init__(self, tasks: list[asyncio.Task]):
-        self.tasks = tasks
-
-    async def __aenter__(self) -> _TaskGroup:
-        return self
-
-    async def __aexit__(self, exc_type, exc, tb) -> None:
-        pending = [task for task in self.tasks if not task.done()]
-        if exc_type is None and not pending:
-            return
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-
 class OmniPipeline:
     """Runs requests through the stages named in `cfg.stages`."""
 
@@ -245,21 +217,19 @@ class OmniPipeline:
         speech = "audio" in req.modalities
         sequential = self.cfg.mode == "sequential"
         segments: asyncio.Queue | None = asyncio.Queue() if speech else None
-        think = asyncio.create_task(self._think(req, prompt, rows, emit, segments, t))
-        tasks = [think]
-        if speech and not sequential:
-            tasks.append(asyncio.create_task(self._speak(req, segments, emit, t)))
-        async with _TaskGroup(tasks):
-            await _until_first_failure(think, *tasks[1:])  # a failed talker stops the thinker
+        try:
+            # one task group: a failing talker or decoder cancels the thinker and back
+            async with asyncio.TaskGroup() as tg:
+                think = tg.create_task(self._think(req, prompt, rows, emit, segments, t))
+                if speech and not sequential:
+                    tg.create_task(self._speak(req, segments, emit, t))
             reply, finish = think.result()
-            if speech:
-                segments.put_nowait(None)
-                if sequential:
-                    await self._speak(req, segments, emit, t)
-                else:
-                    await tasks[1]
+            if speech and sequential:
+                await self._speak(req, segments, emit, t)
             if "image" in req.modalities:
                 emit(ImageOut(await self._draw(req, reply, t)))
+        except ExceptionGroup as group:
+            raise _first_error(group) from None
         emit(Final(finish, t.report()))
 
     # --- encoders --------------------------------------------------------------------
@@ -318,8 +288,10 @@ class OmniPipeline:
                 if len(pending) >= limit:
                     segments.put_nowait(pending)
                     pending, limit = [], self.cfg.segment_tokens
-        if segments is not None and pending:
-            segments.put_nowait(pending)
+        if segments is not None:
+            if pending:
+                segments.put_nowait(pending)
+            segments.put_nowait(None)  # the reply is complete
         return "".join(text), finish
 
     # --- talker + audio decoder ------------------------------------------------------
