@@ -240,7 +240,9 @@ def test_cancelling_mid_stream_stops_every_engine(url, omni_chat_server):
     stream.send(omni_inputs("speak for a long time", modalities=["audio"], sampling=long))
     response, error = stream.next(timeout=60)  # the first text: the thinker runs
     assert error is None, error
-    deadline = time.monotonic() + 10  # until the talker runs too (its first segment is 8 tokens)
+    # until the talker runs too (its first segment is 8 tokens, so that takes ~0.1 s); at most
+    # 1.5 s, while the thinker is still far from its 1500 tokens (~300 tokens/s here)
+    deadline = time.monotonic() + 1.5
     while _running(server, "talker") < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     stream.close(cancel=True)
