@@ -8,9 +8,7 @@ gets its waveform (`audio_chunk` [1, n] float32) and `sample_rate` [1, 1].
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 
 import numpy as np
@@ -18,8 +16,16 @@ import numpy as np
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
-from omni_serve.contract import AUDIO, AUDIO_CONTRACT, ENGINE_ARGS_FILE
-from omni_serve.tritonio import Metrics, apply_stage_env, make_response, pb, read_inputs, triton_error
+from omni_serve.contract import AUDIO, AUDIO_CONTRACT
+from omni_serve.tritonio import (
+    Metrics,
+    apply_stage_env,
+    make_response,
+    pb,
+    read_inputs,
+    stage_config,
+    triton_error,
+)
 
 log = logging.getLogger("omni_audio")
 
@@ -30,8 +36,7 @@ class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
         self.model_name = args["model_name"]
-        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
-            self.cfg = AudioStageConfig.model_validate(json.load(f))
+        self.cfg = stage_config(args, AudioStageConfig)
         self.runner = AudioRunner(self.cfg)
         self._rate = np.array([[self.runner.sample_rate]], dtype=np.int32)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics

@@ -7,18 +7,16 @@ each gets its PNG (and, when requested, the raw HxWx3 array).
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 
 import numpy as np
 
-from omni_serve.contract import DIT, DIT_CONTRACT, ENGINE_ARGS_FILE
+from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.pipeline import DitRunner, encode_png
 from omni_serve.dit.request import parse_request
-from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, triton_error
+from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config, triton_error
 
 log = logging.getLogger("omni_dit")
 
@@ -29,8 +27,7 @@ class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
         self.model_name = args["model_name"]
-        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
-            self.cfg = DitStageConfig.model_validate(json.load(f))
+        self.cfg = stage_config(args, DitStageConfig)
         self.runner = DitRunner(self.cfg)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
         self._batch = m.histogram("omni_dit_batch_size", "Requests per execute() call",

@@ -8,18 +8,16 @@ own INVALID_ARG response; its batch-mates are served.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 
 import numpy as np
 
-from omni_serve.contract import ENCODER, ENCODER_CONTRACT, ENGINE_ARGS_FILE
+from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
-from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, triton_error
+from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config, triton_error
 
 log = logging.getLogger("omni_encoder")
 
@@ -38,8 +36,7 @@ class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
         self.model_name = args["model_name"]
-        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
-            self.cfg = EncoderStageConfig.model_validate(json.load(f))
+        self.cfg = stage_config(args, EncoderStageConfig)
         self.runner = EncoderRunner(self.cfg)
         labels = {"model": self.model_name, "modality": self.cfg.modality}
         self._metrics = m = Metrics(labels)  # families must outlive metrics

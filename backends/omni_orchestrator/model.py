@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from omni_serve.contract import ENGINE_ARGS_FILE, OMNI, OMNI_CONTRACT
+from omni_serve.contract import OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.grpc_client import local_grpc_url, stage_client
 from omni_serve.orchestrator.pipeline import AudioChunk, Final, ImageOut, OmniPipeline, TextDelta
@@ -32,6 +32,7 @@ from omni_serve.tritonio import (
     make_response,
     pb,
     read_inputs,
+    stage_config,
 )
 
 log = logging.getLogger("omni_orchestrator")
@@ -92,8 +93,7 @@ class TritonPythonModel:
             raise pb().TritonModelException(
                 f"{self.model_name}: omni_orchestrator needs model_transaction_policy "
                 "{ decoupled: true }")
-        with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
-            self.cfg = OrchestratorConfig.model_validate(json.load(f))
+        self.cfg = stage_config(args, OrchestratorConfig)
         self._ids = itertools.count()
         if self.cfg.transport == "bls":
             self.client = BlsStageClient()

@@ -6,6 +6,7 @@ naming the tensor, so a bad value answers that request alone.
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Any
 
 import numpy as np
@@ -55,3 +56,17 @@ def number(name: str, value: Any) -> float | None:
     if not math.isfinite(float(value)):
         raise RequestError(name, f"must be finite, got {value!r}")
     return float(value)
+
+
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
+
+def seed(tensors: dict[str, np.ndarray | None], name: str) -> int:
+    """A 64-bit signed seed input; a random one when the request did not send it."""
+    value = integer(name, scalar(tensors, name))
+    if value is None:
+        return secrets.randbelow(2**63)  # not reproducible: the caller did not pin it
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise RequestError(name, f"must be a 64-bit signed integer, got {value}")
+    return value

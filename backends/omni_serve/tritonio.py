@@ -61,6 +61,14 @@ def apply_stage_env(args: dict) -> dict[str, str]:
     return env
 
 
+def stage_config(args: dict, config_class: type):
+    """The stage's engine.json (next to config.pbtxt), validated by its typed config class."""
+    from omni_serve.contract import ENGINE_ARGS_FILE  # noqa: PLC0415
+
+    with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
+        return config_class.model_validate(json.load(f))
+
+
 def read_inputs(request, contract: StageContract) -> dict[str, np.ndarray | None]:
     """Every contract input of `request` as numpy (None when not sent)."""
     pb_utils = pb()

@@ -9,18 +9,15 @@ No torch here, so the orchestrator can import it cheaply.
 """
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from omni_serve import fields
 from omni_serve.contract import AUDIO
 from omni_serve.errors import RequestError
 from omni_serve.fields import integer, scalar, text
-
-SEED_MIN = -(2**63)
-SEED_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -90,11 +87,7 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: AudioLimits) ->
         raise RequestError(AUDIO.SPEAKER, f"unknown voice {speaker!r}; known voices: "
                                           f"{', '.join(limits.speakers)}")
 
-    seed = integer(AUDIO.SEED, scalar(tensors, AUDIO.SEED))
-    if seed is None:
-        seed = secrets.randbelow(2**63)  # not reproducible: the caller did not pin it
-    elif not SEED_MIN <= seed <= SEED_MAX:
-        raise RequestError(AUDIO.SEED, f"must be a 64-bit signed integer, got {seed}")
+    seed = fields.seed(tensors, AUDIO.SEED)
 
     return AudioRequest(codes=codes, context=context, speaker=speaker, seed=seed, offset=offset,
                         lookahead=lookahead)

@@ -6,18 +6,15 @@ compute. `group_key` says which requests can share one pipeline call.
 """
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
 
+from omni_serve import fields
 from omni_serve.contract import DIT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.errors import RequestError
 from omni_serve.fields import integer, number, scalar, text
-
-SEED_MIN = -(2**63)
-SEED_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -71,11 +68,7 @@ def parse_request(tensors: dict[str, np.ndarray | None], cfg: DitStageConfig) ->
         raise RequestError(DIT.GUIDANCE_SCALE,
                            f"must be between 0 and {cfg.max_guidance_scale}, got {guidance}")
 
-    seed = integer(DIT.SEED, scalar(tensors, DIT.SEED))
-    if seed is None:
-        seed = secrets.randbelow(2**63)  # not reproducible: the caller did not pin it
-    elif not SEED_MIN <= seed <= SEED_MAX:
-        raise RequestError(DIT.SEED, f"must be a 64-bit signed integer, got {seed}")
+    seed = fields.seed(tensors, DIT.SEED)
 
     cache = scalar(tensors, DIT.STEP_CACHE)
     if cache is None:
