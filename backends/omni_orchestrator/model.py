@@ -84,6 +84,16 @@ class _CancelLatch:
             future.cancel()
 
 
+def _tokenizer(path: str | None):
+    """text -> the thinker's token ids (task "speech"), or None without a tokenizer folder."""
+    if not path:
+        return None
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
@@ -101,7 +111,7 @@ class TritonPythonModel:
             remote = {model: self.cfg.remote_url(model) for model in self.cfg.remote}
             self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote)
             log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
-        self.pipeline = OmniPipeline(self.cfg, self.client)
+        self.pipeline = OmniPipeline(self.cfg, self.client, tokenize=_tokenizer(self.cfg.tokenizer))
         self.sender = ResponseSender(
             self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
         self.loop = asyncio.new_event_loop()

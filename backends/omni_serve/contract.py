@@ -278,6 +278,7 @@ class OMNI:
     SAMPLING_PARAMETERS = "sampling_parameters"
     SPEAKER = "speaker"
     SEED = "seed"
+    TASK = "task"
 
     TEXT_OUTPUT = "text_output"
     AUDIO_CHUNK = "audio_chunk"
@@ -287,6 +288,7 @@ class OMNI:
     METRICS = "metrics"
 
     MODALITY_NAMES = ("text", "audio", "image")
+    TASKS = ("chat", "speech")
 
 
 OMNI_CONTRACT = StageContract(
@@ -308,6 +310,9 @@ OMNI_CONTRACT = StageContract(
                    doc="voice of the speech output (default: the audio stage's)"),
         TensorSpec(OMNI.SEED, "TYPE_INT64", (1,), optional=True,
                    doc="seed of the audio and image generators"),
+        TensorSpec(OMNI.TASK, "TYPE_STRING", (1,), optional=True,
+                   doc='"chat" (default): answer text_input; "speech": read text_input aloud '
+                       "(the talker voices it; no thinker)"),
     ),
     outputs=(
         TensorSpec(OMNI.TEXT_OUTPUT, "TYPE_STRING", (1,), doc="the new text (a delta)"),

@@ -160,6 +160,11 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
     if remote:
         engine["remote"] = remote
     talker = (engine.get("stages") or {}).get("talker")
+    thinker = (engine.get("stages") or {}).get("thinker")
+    thinker = thinker[0] if isinstance(thinker, list) and thinker else thinker
+    if talker and "tokenizer" not in engine and isinstance(thinker, str) and thinker in models:
+        # task "speech" tokenizes the text to read with the thinker's tokenizer
+        engine["tokenizer"] = models[thinker]
     if talker and "codec" not in engine and talker in models:
         codec_file = Path(models[talker]) / TALKER_CODEC_FILE
         try:

@@ -60,6 +60,9 @@ class OrchestratorConfig(BaseModel):
     triton_url: str | None = None
     # Stages on other servers, by model name (grpc transport only).
     remote: dict[str, RemoteStage] = Field(default_factory=dict)
+    # The thinker's tokenizer folder (written by omni-gen-repo): task "speech"
+    # turns the text to read into the thinker's token ids with it.
+    tokenizer: str | None = None
     system_prompt: str = "You are a helpful assistant that can hear, see and speak."
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})

@@ -129,6 +129,8 @@ class Timings:
     audio_end: float | None = None
     audio_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int = 0  # the thinker's (or, reading aloud, the text's) tokens
+    completion_tokens: int = 0  # the thinker's reply tokens
 
     def add(self, role: str, seconds: float) -> None:
         self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
@@ -144,6 +146,8 @@ class Timings:
             "audio_seconds": round(self.audio_seconds, 6),
             "audio_rtf": None,
             "stage_seconds": {k: round(v, 6) for k, v in self.stage_seconds.items()},
+            "usage": {"prompt_tokens": self.prompt_tokens,
+                      "completion_tokens": self.completion_tokens},
         }
         if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
             out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
@@ -176,9 +180,12 @@ def chat_prompt(system: str, user: str) -> str:
 class OmniPipeline:
     """Runs requests through the stages named in `cfg.stages`."""
 
-    def __init__(self, cfg: OrchestratorConfig, client: StageClient):
+    def __init__(self, cfg: OrchestratorConfig, client: StageClient,
+                 tokenize: Callable[[str], list[int]] | None = None):
         self.cfg = cfg
         self.client = client
+        # the thinker's tokenizer (text -> ids), for task "speech"
+        self.tokenize = tokenize
 
     # --- stage calls with the stage's name on every error ---------------------------
     async def _infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
@@ -213,6 +220,10 @@ class OmniPipeline:
     async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
         """Run one request, emitting events; raises on failure (the caller reports it)."""
         t = Timings()
+        if req.task == "speech":
+            await self._read_aloud(req, emit, t)
+            emit(Final("stop", t.report()))
+            return
         rows, prompt = await self._encode(req, t)
         speech = "audio" in req.modalities
         sequential = self.cfg.mode == "sequential"
@@ -264,6 +275,8 @@ class OmniPipeline:
             LLM.SAMPLING_PARAMETERS: _bytes_tensor(json.dumps(sampling)),
             LLM.RETURN_FINISH_REASON: np.array([True]),
             LLM.RETURN_TOKEN_IDS: np.array([True]),
+            LLM.RETURN_NUM_INPUT_TOKENS: np.array([True]),
+            LLM.RETURN_NUM_OUTPUT_TOKENS: np.array([True]),
         }
         if rows is not None:
             inputs[LLM.MM_EMBEDS] = rows
@@ -272,8 +285,12 @@ class OmniPipeline:
         text: list[str] = []
         finish = ""
         async for out in self._stream("thinker", inputs,
-                                      [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS],
+                                      [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS,
+                                       LLM.NUM_INPUT_TOKENS, LLM.NUM_OUTPUT_TOKENS],
                                       f"{req.request_id}-thinker", t):
+            t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
+            # streamed: each response carries the running count of reply tokens
+            t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS), t.completion_tokens))
             delta = _first(out.get(LLM.TEXT_OUTPUT), "")
             if delta:
                 if t.first_text is None:
@@ -293,6 +310,24 @@ class OmniPipeline:
                 segments.put_nowait(pending)
             segments.put_nowait(None)  # the reply is complete
         return "".join(text), finish
+
+    # --- reading text aloud (task "speech") ---------------------------------------------
+    async def _read_aloud(self, req: OmniRequest, emit: Callable[[Event], None], t: Timings) -> None:
+        """Voice `req.text` itself: its thinker token ids go to the talker in segments."""
+        if self.tokenize is None:
+            raise StageFailedError("talker", self.cfg.stages.talker or "",
+                                   "no thinker tokenizer is loaded to read text aloud",
+                                   "UNAVAILABLE")
+        ids = list(self.tokenize(req.text))
+        t.prompt_tokens = len(ids)
+        segments: asyncio.Queue = asyncio.Queue()
+        first = self.cfg.first_segment_tokens
+        for start in (0, *range(first, len(ids), self.cfg.segment_tokens)):
+            size = first if start == 0 else self.cfg.segment_tokens
+            if ids[start:start + size]:
+                segments.put_nowait(ids[start:start + size])
+        segments.put_nowait(None)
+        await self._speak(req, segments, emit, t)
 
     # --- talker + audio decoder ------------------------------------------------------
     async def _speak(self, req: OmniRequest, segments: asyncio.Queue,

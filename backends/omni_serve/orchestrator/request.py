@@ -28,6 +28,7 @@ class OmniRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     speaker: str | None = None
     seed: int | None = None
+    task: str = "chat"
 
 
 def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorConfig,
@@ -75,6 +76,17 @@ def _modalities(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) 
     return tuple(wanted)
 
 
+def _task(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> str:
+    value = text(OMNI.TASK, scalar(tensors, OMNI.TASK))
+    task = (value or "chat").strip().lower()
+    if task not in OMNI.TASKS:
+        raise RequestError(OMNI.TASK, f"unknown task {value!r}; allowed: {list(OMNI.TASKS)}")
+    if task == "speech" and not (cfg.stages.talker and cfg.tokenizer):
+        raise RequestError(OMNI.TASK, "this pipeline has no talker (or no thinker tokenizer) "
+                                      "to read text aloud")
+    return task
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                   cfg: OrchestratorConfig) -> OmniRequest:
     prompt = text(OMNI.TEXT_INPUT, scalar(tensors, OMNI.TEXT_INPUT))
@@ -98,4 +110,5 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         sampling=sampling,
         speaker=text(OMNI.SPEAKER, scalar(tensors, OMNI.SPEAKER)),
         seed=integer(OMNI.SEED, scalar(tensors, OMNI.SEED)),
+        task=_task(tensors, cfg),
     )
