@@ -1,7 +1,13 @@
-"""OmniClient: the synchronous SDK for an omni pipeline served by Triton.
+"""OmniClient: the synchronous SDK for omni pipelines served by Triton.
 
-Runs in the caller's process. The LLM stage is a decoupled model, so every
-generation goes over Triton's gRPC bi-directional stream: a call takes a
+Runs in the caller's process. `stream()` works with any entry model (an omni
+orchestrator, an LLM stage, a DiT stage) and yields typed events; `chat()`,
+`speech()`, `generate_image()` and `generate()` are built on it. What to send
+to which kind of model is decided in `_calls` (shared with the asyncio client);
+this module is the transport.
+
+Decoupled models (orchestrator, LLM) answer over Triton's gRPC bi-directional
+stream: a call takes a
 tritonclient `InferenceServerClient` of its own (tritonclient allows one
 stream per client object), starts a stream whose callback puts
 `(result, error)` pairs on a queue, sends one request and reads the queue
@@ -16,16 +22,19 @@ import enum
 import logging
 import queue
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from omni_client import _llm_io
-from omni_client.errors import OmniClientError, RequestTimeoutError, from_triton
-from omni_client.types import Completion, TextDelta
+from omni_client import _calls, _llm_io
+from omni_client._calls import ModelInfo, Prepared
+from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
+from omni_client.media import AudioInput, ImageInput
+from omni_client.types import ChatResult, Completion, Event, ImageOutput, SpeechResult, TextDelta
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +92,13 @@ class OmniClient:
             two sends (seen with 2.51).
         client_factory: makes tritonclient gRPC clients from (url, verbose);
             tests inject fakes here.
+        retries: how many times a call that is safe to repeat (model
+            listing, readiness, image generation) is retried after an
+            UnavailableError, with exponential back-off from `retry_backoff_s`.
+            Streams are never retried: a generation may have started.
 
     Raises:
-        ValueError: `timeout` is not positive.
+        ValueError: `timeout` is not positive or `retries` is negative.
     """
 
     def __init__(
@@ -97,9 +110,14 @@ class OmniClient:
         verbose: bool = False,
         strict_stream_errors: bool = True,
         client_factory: ClientFactory | None = None,
+        retries: int = 2,
+        retry_backoff_s: float = 0.2,
     ) -> None:
         self.url = url
         self.model = model
+        self.retries = _calls.check_retries(retries)
+        self.retry_backoff_s = retry_backoff_s
+        self._configs: dict[str, dict] = {}
         self.timeout = _check_timeout(timeout)
         self._verbose = verbose
         self._stream_headers = _STRICT_ERRORS_HEADERS if strict_stream_errors else None
@@ -221,45 +239,234 @@ class OmniClient:
             num_output_tokens=_last(d.num_output_tokens for d in deltas),
         )
 
+    # --- any pipeline ----------------------------------------------------------------
+
+    def list_models(self, *, timeout: Timeout = _CLIENT_TIMEOUT) -> list[ModelInfo]:
+        """The server's entry models (omni pipelines, LLMs, image generators) and their readiness.
+
+        Stage models that only serve a pipeline (encoders, decoders) are
+        left out. Retried on UnavailableError (see `retries`).
+
+        Raises:
+            UnavailableError: the server cannot be reached.
+            ServerError: any other server or transport failure.
+            OmniClientError: the client is closed.
+        """
+        wait_s = self._resolve_timeout(timeout)
+
+        def index() -> list[ModelInfo]:
+            client = self._control_client()
+            rows = self._call(lambda: client.get_model_repository_index(
+                as_json=True, client_timeout=wait_s))
+            models = []
+            for row in rows.get("models", []):
+                name = row.get("name", "")
+                if row.get("state") != "READY":
+                    continue
+                info = _calls.model_info(name, self._config(name, wait_s))
+                if info is not None:
+                    models.append(info)
+            return models
+
+        return self._retrying(index)
+
+    def stream(self, text: str, *, model: str | None = None, image: ImageInput | None = None,
+               audio: AudioInput | None = None, audio_sample_rate: int | None = None,
+               modalities: Sequence[str] | None = None,
+               sampling_parameters: Mapping[str, Any] | None = None, max_tokens: int | None = None,
+               temperature: float | None = None, speaker: str | None = None, seed: int | None = None,
+               task: str | None = None, inputs: Mapping[str, Any] | None = None,
+               timeout: Timeout = _CLIENT_TIMEOUT, request_id: str | None = None) -> Iterator[Event]:
+        """Run one request on any entry model, yielding events as they arrive.
+
+        Omni pipelines yield TextDelta, AudioChunk and ImageOutput events in
+        arrival order; LLM stages TextDeltas; DiT stages one ImageOutput
+        (`text` is the prompt). The last event is always a Final with the
+        finish reason and token usage. Breaking out of the loop cancels the
+        request on the server.
+
+        Args:
+            text: the user's message (or the image prompt).
+            model: entry model name; default: the server's first omni pipeline
+                (else `self.model`).
+            image, audio: media inputs (omni pipelines): a path, the file's
+                bytes, a PIL image / numpy samples (give `audio_sample_rate`).
+            modalities: outputs wanted, e.g. ["text", "audio"] (omni pipelines).
+            sampling_parameters: vLLM SamplingParams fields for the LLM;
+                `max_tokens` and `temperature` override the same keys.
+            speaker: voice of the speech output; seed: of the generators.
+            task: "chat" (default) or "speech" (read `text` aloud).
+            inputs: further inputs of the omni contract by name.
+            timeout: seconds to wait for each response (None: forever).
+            request_id: Triton request id (default: random).
+
+        Raises:
+            BadRequestError: bad arguments (raised by this call), or the
+                server rejects the request (INVALID_ARG; while iterating).
+            ValueError: `timeout` is not positive.
+            While iterating:
+            RequestTimeoutError: no response within `timeout`; the request is cancelled.
+            UnavailableError: the server, model or one of its stages is down.
+            CancelledError: the server cancelled the request.
+            ServerError: any other server or transport failure.
+            OmniClientError: the client is closed.
+        """
+        wait_s = self._resolve_timeout(timeout)
+        name = model or self._default_model("omni", "llm")
+        prepared = _calls.prepare_stream(
+            name, self._config(name, wait_s), text, image=image, audio=audio,
+            audio_sample_rate=audio_sample_rate, modalities=modalities,
+            sampling_parameters=sampling_parameters, max_tokens=max_tokens,
+            temperature=temperature, speaker=speaker, seed=seed, task=task, inputs=inputs)
+        return self._events(prepared, wait_s, request_id)
+
+    def chat(self, text: str, **kwargs: Any) -> ChatResult:
+        """Run `stream()` to the end and gather its events into a ChatResult.
+
+        Takes the arguments of `stream()` and raises what it raises.
+        """
+        return ChatResult.from_events(self.stream(text, **kwargs))
+
+    def speech(self, text: str, *, model: str | None = None, voice: str | None = None,
+               seed: int | None = None, timeout: Timeout = _CLIENT_TIMEOUT) -> SpeechResult:
+        """Read `text` aloud with an omni pipeline's talker and audio decoder.
+
+        Args:
+            voice: a speaker of the pipeline's audio stage (default: its own).
+
+        Raises:
+            BadRequestError: empty text, unknown voice, or a pipeline with no talker.
+            ValueError, RequestTimeoutError, UnavailableError, CancelledError,
+            ServerError, OmniClientError: as for `stream()`.
+        """
+        result = self.chat(text, model=model or self._default_model("omni"), speaker=voice,
+                           seed=seed, task="speech", timeout=timeout)
+        return _calls.speech_result(result)
+
+    def generate_image(self, prompt: str, *, model: str | None = None, width: int | None = None,
+                       height: int | None = None, steps: int | None = None,
+                       guidance_scale: float | None = None, negative_prompt: str | None = None,
+                       seed: int | None = None, timeout: Timeout = _CLIENT_TIMEOUT) -> ImageOutput:
+        """Generate one image with a DiT stage (default: the server's first).
+
+        With a seed the same image comes back alone or batched, so the call is
+        retried on UnavailableError (see `retries`).
+
+        Raises:
+            BadRequestError: the server rejects a field (size, steps, ...).
+            ValueError: `timeout` is not positive.
+            RequestTimeoutError: no answer within `timeout`.
+            UnavailableError: the server or model is down (after the retries).
+            ServerError: any other server or transport failure.
+            OmniClientError: the client is closed.
+        """
+        wait_s = self._resolve_timeout(timeout)
+        name = model or self._default_model("image")
+        prepared = _calls.prepare_image(name, prompt, width=width, height=height, steps=steps,
+                                        guidance_scale=guidance_scale,
+                                        negative_prompt=negative_prompt, seed=seed)
+        client = self._control_client()
+        result = self._retrying(lambda: self._call(lambda: client.infer(
+            name, prepared.inputs, outputs=prepared.outputs, client_timeout=wait_s)))
+        return _calls.parse_image(result)
+
+    def _events(self, prepared: Prepared, wait_s: float | None,
+                request_id: str | None) -> Iterator[Event]:
+        if prepared.unary:
+            client = self._control_client()
+            result = self._call(lambda: client.infer(
+                prepared.model, prepared.inputs, outputs=prepared.outputs, client_timeout=wait_s))
+            yield from prepared.parse(result)
+            yield from prepared.finish()
+            return
+        for result in self._results(prepared, wait_s, request_id):
+            yield from prepared.parse(result)
+        yield from prepared.finish()
+
+    # --- models ----------------------------------------------------------------------
+
+    def _config(self, model: str, wait_s: float | None) -> dict:
+        config = self._configs.get(model)
+        if config is None:
+            client = self._control_client()
+            config = self._retrying(lambda: self._call(lambda: client.get_model_config(
+                model, as_json=True, client_timeout=wait_s)))
+            config = config.get("config", config)
+            self._configs[model] = config
+        return config
+
+    def _default_model(self, *kinds: str) -> str:
+        for kind in kinds:
+            for info in self.list_models():
+                if info.kind == kind:
+                    return info.name
+        return self.model
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except InferenceServerException as exc:
+            raise from_triton(exc) from exc
+
+    def _retrying(self, fn: Callable[[], Any]) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except UnavailableError:
+                if attempt == self.retries:
+                    raise
+                delay = self.retry_backoff_s * 2 ** attempt
+                logger.debug("unavailable; retry %d/%d in %.2fs", attempt + 1, self.retries, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
     # --- one request on one stream ---------------------------------------------------
 
     def _responses(
         self, inputs: list[grpcclient.InferInput], wait_s: float | None, request_id: str | None
     ) -> Iterator[TextDelta]:
+        prepared = Prepared(self.model, inputs, _llm_io.requested_outputs(), unary=False,
+                            parse=lambda r: [] if (d := _llm_io.parse_response(r)) is None else [d])
+        yield from self._results(prepared, wait_s, request_id, parse=True)
+
+    def _results(self, prepared: Prepared, wait_s: float | None, request_id: str | None,
+                 *, parse: bool = False) -> Iterator[Any]:
+        """The responses of one streamed request until its final one (parsed, with `parse`)."""
         request_id = request_id or uuid.uuid4().hex
         responses: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
         client = self._acquire()
         finished = False
         try:
-            self._send(client, inputs, request_id, responses)
+            self._send(client, prepared, request_id, responses)
             while True:
                 result = self._next_result(responses, wait_s, request_id)
-                delta = _llm_io.parse_response(result)
-                if delta is not None:
-                    yield delta
+                if parse:
+                    yield from prepared.parse(result)
+                else:
+                    yield result
                 if _llm_io.is_final(result):
                     break
             finished = True
         finally:
             if not finished:
-                logger.debug("model=%s request_id=%s cancelling", self.model, request_id)
+                logger.debug("model=%s request_id=%s cancelling", prepared.model, request_id)
             self._release(client, cancel=not finished)
 
     def _send(
         self,
         client: grpcclient.InferenceServerClient,
-        inputs: list[grpcclient.InferInput],
+        prepared: Prepared,
         request_id: str,
         responses: queue.Queue,
     ) -> None:
         def on_response(result: Any, error: InferenceServerException | None) -> None:
             responses.put((result, error))
 
-        logger.debug("model=%s request_id=%s sending", self.model, request_id)
+        logger.debug("model=%s request_id=%s sending", prepared.model, request_id)
         try:
             client.start_stream(callback=on_response, headers=self._stream_headers)
             client.async_stream_infer(
-                self.model, inputs, outputs=_llm_io.requested_outputs(),
+                prepared.model, prepared.inputs, outputs=prepared.outputs,
                 request_id=request_id, enable_empty_final_response=True)
         except InferenceServerException as exc:
             # A stream that broke before the request was queued (e.g. nothing

@@ -1,7 +1,15 @@
 """Result types returned by omni_client calls (plain values, no tritonclient objects)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import io
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -38,3 +46,149 @@ class Completion:
     finish_reason: str | None = None
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request (OpenAI's `usage`).
+
+    Attributes:
+        prompt_tokens: tokens of the prompt the LLM read (media rows included).
+        completion_tokens: tokens the LLM generated.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, eq=False)
+class AudioChunk:
+    """The next piece of the spoken reply.
+
+    Attributes:
+        samples: mono float32 PCM in [-1, 1].
+        sample_rate: samples per second.
+    """
+
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.size / self.sample_rate
+
+
+@dataclass(frozen=True)
+class ImageOutput:
+    """A generated image.
+
+    Attributes:
+        png: the PNG file's bytes.
+    """
+
+    png: bytes
+
+    def to_pil(self) -> Image.Image:
+        """The image as a PIL image (decoded now)."""
+        image = Image.open(io.BytesIO(self.png))
+        image.load()
+        return image
+
+
+@dataclass(frozen=True)
+class Final:
+    """The last event of every stream.
+
+    Attributes:
+        finish_reason: why the LLM stopped ("stop", "length", ...); None when
+            the pipeline has no LLM (image generation).
+        usage: token counts, when the pipeline has an LLM.
+        metrics: the server's per-request timings (omni pipelines: time to
+            first token/audio, seconds per stage, ...); empty otherwise.
+    """
+
+    finish_reason: str | None
+    usage: Usage | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+Event = TextDelta | AudioChunk | ImageOutput | Final
+"""What `OmniClient.stream()` yields: text deltas, audio chunks and images as
+they arrive, then one Final."""
+
+
+@dataclass(eq=False)
+class ChatResult:
+    """Everything one chat request produced (`OmniClient.chat`).
+
+    Attributes:
+        text: the whole reply.
+        audio: the spoken reply (mono float32), or None when not asked for.
+        sample_rate: of `audio`.
+        images: generated images (PNG bytes), in order.
+        finish_reason, usage, metrics: as in the stream's Final event.
+    """
+
+    text: str
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    images: list[bytes] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> ChatResult:
+        text: list[str] = []
+        chunks: list[np.ndarray] = []
+        result = cls(text="")
+        for event in events:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, AudioChunk):
+                chunks.append(event.samples)
+                result.sample_rate = event.sample_rate
+            elif isinstance(event, ImageOutput):
+                result.images.append(event.png)
+            elif isinstance(event, Final):
+                result.finish_reason, result.usage = event.finish_reason, event.usage
+                result.metrics = event.metrics
+        result.text = "".join(text)
+        if chunks:
+            result.audio = np.concatenate(chunks).astype(np.float32, copy=False)
+        return result
+
+    def save_audio(self, path: str | os.PathLike[str]) -> None:
+        """Write the spoken reply to `path` (format from the suffix: .wav, .flac, .ogg).
+
+        Raises:
+            ValueError: the reply has no audio.
+        """
+        if self.audio is None or self.sample_rate is None:
+            raise ValueError("this reply has no audio (ask for modalities=['text', 'audio'])")
+        sf.write(os.fspath(path), self.audio, self.sample_rate)
+
+
+@dataclass(eq=False)
+class SpeechResult:
+    """Text read aloud (`OmniClient.speech`).
+
+    Attributes:
+        samples: mono float32 PCM in [-1, 1].
+        sample_rate: samples per second.
+    """
+
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.size / self.sample_rate
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the audio to `path` (format from the suffix: .wav, .flac, .ogg)."""
+        sf.write(os.fspath(path), self.samples, self.sample_rate)

@@ -1,0 +1,201 @@
+"""Requests and responses of every entry model kind, to and from plain Python values.
+
+Runs in the caller's process, with no network I/O. An entry model is one of
+three kinds, told apart by its config's backend:
+
+- "omni": the orchestrator (`omni_orchestrator`): text/image/audio in, text
+  deltas, audio chunks, images and a final metrics response out (streamed);
+- "llm": an LLM stage (`omni_llm`, or Triton's own `vllm` backend): text in,
+  text deltas out (streamed);
+- "image": a DiT stage (`omni_dit`): a prompt in, one PNG out (unary, batched
+  by Triton, so tensors carry a batch dimension).
+
+Tensor names, dtypes and shapes come from omni_serve.contract only.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from omni_client import _llm_io
+from omni_client.errors import BadRequestError
+from omni_client.types import AudioChunk, Event, Final, ImageOutput, TextDelta, Usage
+from omni_serve.contract import DIT, DIT_CONTRACT, LLM, OMNI, OMNI_CONTRACT, StageContract
+
+ModelKind = Literal["omni", "llm", "image"]
+
+_KIND_BY_BACKEND: dict[str, ModelKind] = {
+    "omni_orchestrator": "omni",
+    "omni_llm": "llm",
+    "vllm": "llm",
+    "omni_dit": "image",
+}
+
+
+def model_kind(config: Mapping[str, Any]) -> ModelKind | None:
+    """The kind of entry model a Triton model config (JSON form) describes; None: not an entry."""
+    return _KIND_BY_BACKEND.get(str(config.get("backend", "")))
+
+
+def _tensor(contract: StageContract, name: str, value: Any, batched: bool) -> grpcclient.InferInput:
+    spec = contract.input(name)
+    array = np.asarray(value, dtype=spec.np_dtype)
+    if spec.np_dtype is np.object_:
+        array = np.array([v.encode("utf-8") if isinstance(v, str) else v
+                          for v in array.reshape(-1)], dtype=np.object_)
+    array = array.reshape(-1) if -1 in spec.dims else array.reshape(spec.dims)
+    if batched:
+        array = array[np.newaxis]
+    tensor = grpcclient.InferInput(spec.name, list(array.shape), spec.wire_dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _tensors(contract: StageContract, values: Mapping[str, Any], *, batched: bool = False
+             ) -> list[grpcclient.InferInput]:
+    return [_tensor(contract, name, value, batched) for name, value in values.items()
+            if value is not None]
+
+
+# --- omni ------------------------------------------------------------------------
+
+def omni_inputs(
+    text: str,
+    *,
+    image: bytes | None = None,
+    audio: bytes | None = None,
+    modalities: Sequence[str] | None = None,
+    sampling_parameters: Mapping[str, Any] | None = None,
+    speaker: str | None = None,
+    seed: int | None = None,
+    task: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> list[grpcclient.InferInput]:
+    """Input tensors of one request to an omni orchestrator.
+
+    `extra` adds inputs of the contract by name (e.g. a pipeline's
+    session id), unknown names being a BadRequestError.
+
+    Raises:
+        BadRequestError: `text` is not a str, modalities is a bare string, or
+            the sampling parameters cannot be JSON-encoded.
+    """
+    if not isinstance(text, str):
+        raise BadRequestError(f"text must be a str, got {type(text).__name__}")
+    if isinstance(modalities, str):
+        raise BadRequestError(f"modalities must be a list such as ['text', 'audio'], "
+                              f"got the string {modalities!r}")
+    values: dict[str, Any] = {
+        OMNI.TEXT_INPUT: text,
+        OMNI.IMAGE: None if image is None else np.array([image], dtype=np.object_),
+        OMNI.AUDIO: None if audio is None else np.array([audio], dtype=np.object_),
+        OMNI.MODALITIES: None if modalities is None else list(modalities),
+        OMNI.SAMPLING_PARAMETERS: None if not sampling_parameters
+        else _llm_io.encode_sampling_parameters(sampling_parameters),
+        OMNI.SPEAKER: speaker,
+        OMNI.SEED: seed,
+        OMNI.TASK: task,
+    }
+    known = {spec.name for spec in OMNI_CONTRACT.inputs}
+    for name, value in (extra or {}).items():
+        if name not in known:
+            raise BadRequestError(f"unknown omni input {name!r}; the contract has {sorted(known)}")
+        values[name] = value
+    return _tensors(OMNI_CONTRACT, values)
+
+
+def omni_outputs() -> list[grpcclient.InferRequestedOutput]:
+    return [grpcclient.InferRequestedOutput(spec.name) for spec in OMNI_CONTRACT.outputs]
+
+
+def _usage(metrics: Mapping[str, Any]) -> Usage | None:
+    usage = metrics.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    return Usage(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+
+
+def parse_omni(result: grpcclient.InferResult) -> list[Event]:
+    """The events of one orchestrator response (text, audio, image, final), in that order."""
+    names = {o.name for o in result.get_response().outputs}
+    events: list[Event] = []
+    if OMNI.TEXT_OUTPUT in names:
+        events.append(TextDelta(_text(result.as_numpy(OMNI.TEXT_OUTPUT))))
+    if OMNI.AUDIO_CHUNK in names:
+        samples = result.as_numpy(OMNI.AUDIO_CHUNK).astype(np.float32, copy=False).reshape(-1)
+        rate = int(result.as_numpy(OMNI.SAMPLE_RATE).reshape(-1)[0])
+        events.append(AudioChunk(samples, rate))
+    if OMNI.IMAGE_OUTPUT in names:
+        events.append(ImageOutput(bytes(result.as_numpy(OMNI.IMAGE_OUTPUT).reshape(-1)[0])))
+    if OMNI.FINISH_REASON in names:
+        metrics: dict[str, Any] = {}
+        if OMNI.METRICS in names:
+            metrics = json.loads(_text(result.as_numpy(OMNI.METRICS)) or "{}")
+        reason = _text(result.as_numpy(OMNI.FINISH_REASON)) or None
+        events.append(Final(reason, _usage(metrics), metrics))
+    return events
+
+
+def _text(array: np.ndarray) -> str:
+    value = array.reshape(-1)[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+# --- llm -------------------------------------------------------------------------
+
+def llm_final(deltas: Sequence[TextDelta]) -> Final:
+    """The Final event closing an LLM stream (its last finish reason and token counts)."""
+    reason = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
+    n_in = next((d.num_input_tokens for d in reversed(deltas) if d.num_input_tokens is not None), None)
+    n_out = next((d.num_output_tokens for d in reversed(deltas)
+                  if d.num_output_tokens is not None), None)
+    usage = None if n_in is None and n_out is None else Usage(n_in or 0, n_out or 0)
+    return Final(reason, usage)
+
+
+# --- image -----------------------------------------------------------------------
+
+def image_inputs(
+    prompt: str,
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    steps: int | None = None,
+    guidance_scale: float | None = None,
+    negative_prompt: str | None = None,
+    seed: int | None = None,
+    step_cache: bool | None = None,
+) -> list[grpcclient.InferInput]:
+    """Input tensors of one DiT request (with the batch dimension Triton's batcher needs).
+
+    Raises:
+        BadRequestError: `prompt` is not a str.
+    """
+    if not isinstance(prompt, str):
+        raise BadRequestError(f"prompt must be a str, got {type(prompt).__name__}")
+    values = {DIT.PROMPT: prompt, DIT.NEGATIVE_PROMPT: negative_prompt, DIT.WIDTH: width,
+              DIT.HEIGHT: height, DIT.NUM_INFERENCE_STEPS: steps,
+              DIT.GUIDANCE_SCALE: guidance_scale, DIT.SEED: seed, DIT.STEP_CACHE: step_cache}
+    return _tensors(DIT_CONTRACT, values, batched=True)
+
+
+def image_outputs() -> list[grpcclient.InferRequestedOutput]:
+    return [grpcclient.InferRequestedOutput(DIT.IMAGE)]
+
+
+def parse_image(result: grpcclient.InferResult) -> ImageOutput:
+    return ImageOutput(bytes(result.as_numpy(DIT.IMAGE).reshape(-1)[0]))
+
+
+# Re-exported for the clients: the LLM request/response helpers.
+llm_inputs = _llm_io.build_inputs
+llm_outputs = _llm_io.requested_outputs
+parse_llm = _llm_io.parse_response
+is_final = _llm_io.is_final
+merge_sampling_parameters = _llm_io.merge_sampling_parameters
+__all__ = ["LLM", "ModelKind", "image_inputs", "is_final", "llm_final", "model_kind", "omni_inputs",
+           "parse_image", "parse_omni"]
