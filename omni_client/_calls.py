@@ -17,6 +17,7 @@ from omni_client import _pipeline_io as io
 from omni_client.errors import BadRequestError, ServerError
 from omni_client.media import AudioInput, ImageInput, audio_bytes, image_bytes
 from omni_client.types import ChatResult, Event, Final, ImageOutput, SpeechResult, TextDelta
+from omni_serve.contract import ENTRY_PARAMETER
 
 model_kind = io.model_kind
 parse_image = io.parse_image
@@ -31,16 +32,23 @@ class ModelInfo:
         kind: "omni" (a pipeline: chat, speech, images), "llm" (text chat) or
             "image" (a DiT: image generation).
         backend: the Triton backend that serves it.
+        internal: the model only serves a pipeline (e.g. a talker LLM, whose
+            "text" is codec tokens); omni-gen-repo marks such models with the
+            config parameter `omni.entry: "false"`.
     """
 
     name: str
     kind: io.ModelKind
     backend: str
+    internal: bool = False
 
 
 def model_info(name: str, config: Mapping[str, Any]) -> ModelInfo | None:
     kind = io.model_kind(config)
-    return None if kind is None else ModelInfo(name, kind, str(config.get("backend", "")))
+    if kind is None:
+        return None
+    entry = (config.get("parameters") or {}).get(ENTRY_PARAMETER, {}).get("string_value", "true")
+    return ModelInfo(name, kind, str(config.get("backend", "")), internal=entry == "false")
 
 
 @dataclass

@@ -83,6 +83,14 @@ class AsyncOmniClient:
 
     # --- calls -----------------------------------------------------------------------
 
+    async def is_live(self) -> bool:
+        """Whether the server answers its liveness check (False when unreachable)."""
+        try:
+            return bool(await self._client.is_server_live())
+        except InferenceServerException as exc:
+            logger.debug("server not live: %s", exc)
+            return False
+
     async def is_ready(self, model: str | None = None) -> bool:
         """Whether the server is live and `model` (default: `self.model`) is ready."""
         try:

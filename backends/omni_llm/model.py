@@ -52,6 +52,11 @@ class _TritonMetrics:
                                 "Requests the vLLM scheduler is running")
         self._waiting = m.gauge("omni_llm_engine_waiting_requests",
                                 "Requests waiting in the vLLM scheduler")
+        # hit rate = hits / queries (vLLM's vllm:prefix_cache_queries / _hits)
+        self._cache_queries = m.counter("omni_llm_prefix_cache_queries_total",
+                                        "Prompt tokens looked up in vLLM's prefix cache")
+        self._cache_hits = m.counter("omni_llm_prefix_cache_hits_total",
+                                     "Prompt tokens found in vLLM's prefix cache (not recomputed)")
 
     def time_to_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
@@ -66,6 +71,10 @@ class _TritonMetrics:
     def scheduler(self, running: int, waiting: int) -> None:
         self._running.set(running)
         self._waiting.set(waiting)
+
+    def prefix_cache(self, queries: int, hits: int) -> None:
+        self._cache_queries.increment(queries)
+        self._cache_hits.increment(hits)
 
 
 def _response(req: LLMRequest, out: LLMOutput):

@@ -20,7 +20,7 @@ import numpy as np
 
 from omni_serve.contract import OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.config import OrchestratorConfig
-from omni_serve.orchestrator.grpc_client import local_grpc_url, stage_client
+from omni_serve.orchestrator.grpc_client import local_grpc_url, remote_endpoints, stage_client
 from omni_serve.orchestrator.pipeline import AudioChunk, Final, ImageOut, OmniPipeline, TextDelta
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.tritonio import (
@@ -108,7 +108,7 @@ class TritonPythonModel:
         if self.cfg.transport == "bls":
             self.client = BlsStageClient()
         else:
-            remote = {model: self.cfg.remote_url(model) for model in self.cfg.remote}
+            remote = remote_endpoints(self.cfg)
             self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote)
             log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client, tokenize=_tokenizer(self.cfg.tokenizer))
@@ -174,6 +174,12 @@ class TritonPythonModel:
     def finalize(self):
         for task in asyncio.all_tasks(self.loop):
             self.loop.call_soon_threadsafe(task.cancel)
+        if not isinstance(self.client, BlsStageClient):
+            # unregisters the shared-memory regions a remote server may still hold
+            try:
+                asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=10)
+            except Exception as e:
+                log.warning("[%s] closing the stage clients: %s", self.model_name, e)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         if isinstance(self.client, BlsStageClient):

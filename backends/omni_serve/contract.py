@@ -279,6 +279,8 @@ class OMNI:
     SPEAKER = "speaker"
     SEED = "seed"
     TASK = "task"
+    SESSION_ID = "session_id"
+    HISTORY = "history"
 
     TEXT_OUTPUT = "text_output"
     AUDIO_CHUNK = "audio_chunk"
@@ -313,6 +315,13 @@ OMNI_CONTRACT = StageContract(
         TensorSpec(OMNI.TASK, "TYPE_STRING", (1,), optional=True,
                    doc='"chat" (default): answer text_input; "speech": read text_input aloud '
                        "(the talker voices it; no thinker)"),
+        TensorSpec(OMNI.SESSION_ID, "TYPE_STRING", (1,), optional=True,
+                   doc="conversation id: every request of a session goes to the same thinker "
+                       "engine (rendezvous hashing), so its prefix cache holds the conversation; "
+                       "without one, the least busy engine"),
+        TensorSpec(OMNI.HISTORY, "TYPE_STRING", (1,), optional=True,
+                   doc='JSON array of the earlier turns, [{"role": "user"|"assistant", '
+                       '"content": "..."}, ...], rendered before text_input in the chat template'),
     ),
     outputs=(
         TensorSpec(OMNI.TEXT_OUTPUT, "TYPE_STRING", (1,), doc="the new text (a delta)"),
@@ -329,6 +338,10 @@ OMNI_CONTRACT = StageContract(
 CONTRACTS: dict[str, StageContract] = {
     c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT, ENCODER_CONTRACT, AUDIO_CONTRACT,
                            OMNI_CONTRACT)}
+
+# config.pbtxt parameter that marks a model clients should not offer on its own
+# (value "false"; e.g. a talker LLM, whose "text" is codec tokens).
+ENTRY_PARAMETER = "omni.entry"
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"

@@ -49,3 +49,13 @@ def text_to_image_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def omni_chat_server(tmp_path_factory):
     yield from _session_server("omni-chat", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def openai_frontend(omni_chat_server, tmp_path_factory):
+    """`omni-openai` in front of the omni-chat server; yields its base URL."""
+    from omni_tools.server import OpenAIFrontend
+
+    log = tmp_path_factory.mktemp("omni-openai") / "omni-openai.log"
+    with OpenAIFrontend(omni_chat_server.grpc_url, log_path=log) as frontend:
+        yield frontend.base_url

@@ -47,7 +47,8 @@ def _tensor(name: str, arr: np.ndarray, dtype: str):
 
 def omni_inputs(text: str = "describe what you get", *, modalities=None, image: bytes | None = None,
                 audio: bytes | None = None, sampling: dict | None = None, speaker: str | None = None,
-                seed: int | None = None):
+                seed: int | None = None, session_id: str | None = None,
+                history: list[dict] | str | None = None):
     ins = [_tensor(OMNI.TEXT_INPUT, np.array([text.encode()], dtype=object), "BYTES")]
     if modalities is not None:
         ins.append(_tensor(OMNI.MODALITIES, np.array([m.encode() for m in modalities], dtype=object),
@@ -62,6 +63,11 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
         ins.append(_tensor(OMNI.SPEAKER, np.array([speaker.encode()], dtype=object), "BYTES"))
     if seed is not None:
         ins.append(_tensor(OMNI.SEED, np.array([seed], dtype=np.int64), "INT64"))
+    if session_id is not None:
+        ins.append(_tensor(OMNI.SESSION_ID, np.array([session_id.encode()], dtype=object), "BYTES"))
+    if history is not None:  # a list of {role, content}, or raw text (to test bad JSON)
+        raw = history if isinstance(history, str) else json.dumps(history)
+        ins.append(_tensor(OMNI.HISTORY, np.array([raw.encode()], dtype=object), "BYTES"))
     return ins
 
 

@@ -1,6 +1,7 @@
 """A disaggregated omni pipeline: the thinker on one tritonserver, the rest on another."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,29 +13,60 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
+from omni_serve.orchestrator.grpc_client import SHM_PREFIX
 from omni_tools.server import TritonServer, free_port
 from omni_tools.spec import load_preset
 
 from .llm_io import metric
-from .omni_io import OmniStream, omni_inputs, run_omni
+from .omni_io import OmniResult, OmniStream, absorb, omni_inputs, png, run_omni
 
 pytestmark = pytest.mark.integration
 
 GREEDY = {"temperature": 0, "max_tokens": 16}
+NO_SHM = "omni_grpc"  # a second entry model on the front server, without shared memory
+# The tiny preprocessor scales an image to at most 25088 px: ~30 rows of the tiny
+# thinker's 128 floats, ~15 KiB of mm_embeds (a real Qwen2.5-Omni image: MiBs). So the
+# engine server here takes shared memory from 4 KiB on (the default is 64 KiB).
+BIG_IMAGE = png(448, 336, seed=3)
+SHM_MIN_BYTES = 4096
 
 
 def _split_spec(engine_grpc_port: int) -> dict:
     data = load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
-    keep = ("llm", "talker", "audio_decoder", "omni")
+    keep = ("llm", "talker", "image_encoder", "audio_decoder", "omni")
     data["stages"] = {name: data["stages"][name] for name in keep}
     data["stages"]["omni"]["engine_args"]["stages"] = {
-        "thinker": "llm", "talker": "talker", "audio_decoder": "audio_decoder"}
-    data["servers"] = {"front": {}, "engine": {"grpc_url": f"127.0.0.1:{engine_grpc_port}"}}
+        "thinker": "llm", "talker": "talker", "image_encoder": "image_encoder",
+        "audio_decoder": "audio_decoder"}
+    # the engine server is on this host: `omni` sends mm_embeds through system
+    # shared memory ("auto"); `omni_grpc` is told not to (the run-time override)
+    data["stages"][NO_SHM] = json.loads(json.dumps(data["stages"]["omni"]))
+    data["stages"][NO_SHM]["env"] = {"OMNI_SERVER_ENGINE_SHM": "none"}
+    data["servers"] = {"front": {}, "engine": {"grpc_url": f"127.0.0.1:{engine_grpc_port}",
+                                               "shared_memory_min_bytes": SHM_MIN_BYTES}}
     data["stages"]["llm"]["server"] = "engine"
-    for name in ("talker", "audio_decoder", "omni"):
+    for name in ("talker", "image_encoder", "audio_decoder", "omni", NO_SHM):
         data["stages"][name]["server"] = "front"
     data["pipeline"] = "omni-split"
     return data
+
+
+def _engine_regions(engine) -> list[str]:
+    """The orchestrators' system shared-memory regions registered with the engine server."""
+    status = grpcclient.InferenceServerClient(engine.grpc_url).get_system_shared_memory_status(
+        as_json=True)
+    return sorted(name for name in status.get("regions", {}) if name.startswith(SHM_PREFIX))
+
+
+def _dev_shm() -> list[str]:
+    return sorted(p.name for p in Path("/dev/shm").glob(f"{SHM_PREFIX}*"))
+
+
+def _wait_for_no_regions(engine, timeout: float = 15.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _engine_regions(engine)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +97,10 @@ def test_the_generator_wrote_one_repository_per_server(servers):
     front, engine = servers
     assert sorted(p.name for p in engine.repository.iterdir() if p.is_dir()) == ["llm"]
     assert sorted(p.name for p in front.repository.iterdir() if p.is_dir()) == [
-        "audio_decoder", "omni", "talker"]
+        "audio_decoder", "image_encoder", "omni", NO_SHM, "talker"]
+    engine_json = json.loads((front.repository / "omni" / "engine.json").read_text())
+    assert engine_json["remote"] == {"llm": {"server": "engine", "url": engine.grpc_url,
+                                             "shared_memory_min_bytes": SHM_MIN_BYTES}}
 
 
 def test_one_request_streams_through_both_servers(servers):
@@ -96,6 +131,58 @@ def test_a_cancel_crosses_the_hop(servers):
     time.sleep(0.5)
     generated = metric(engine.metrics(), "omni_llm_generation_tokens_total", "llm") - before
     assert 0 < generated < 1500 / 2  # started on the engine server, aborted there
+
+
+def _image_request(url: str, model: str, engine=None, sampling=None) -> tuple[OmniResult, list]:
+    """One image + text request; with `engine`, its regions while the reply streams."""
+    stream = OmniStream(url)
+    stream.client.async_stream_infer(
+        model, omni_inputs("what do you see?", image=BIG_IMAGE, modalities=["text"],
+                           sampling=sampling or GREEDY),
+        enable_empty_final_response=True)
+    result = OmniResult()
+    during: list[str] = []
+    try:
+        response, error = stream.next(timeout=120)
+        assert error is None, error
+        if engine is not None:  # the thinker streams on: its region is still registered
+            during = _engine_regions(engine)
+        if not absorb(result, response):
+            stream.collect(result)
+    finally:
+        stream.close()
+    return result, during
+
+
+def test_an_image_reaches_the_remote_thinker_through_shared_memory(servers):
+    front, engine = servers
+    assert _engine_regions(engine) == []
+    long_reply = {"temperature": 0, "max_tokens": 64, "ignore_eos": True}
+    shm, during = _image_request(front.grpc_url, "omni", engine, long_reply)
+    assert shm.error is None, shm.error
+    assert len(during) == 1, during  # mm_embeds went in a region of its own
+    assert _wait_for_no_regions(engine) == []  # unregistered once the request ended
+    grpc, during = _image_request(front.grpc_url, NO_SHM, engine, long_reply)
+    assert grpc.error is None, grpc.error
+    assert during == []  # OMNI_SERVER_ENGINE_SHM=none: inline in the gRPC message
+    assert shm.text and shm.text == grpc.text  # the same rows reached the thinker
+    assert _dev_shm() == []  # nothing left behind on this host
+
+
+def test_a_cancelled_image_request_releases_its_region(servers):
+    front, engine = servers
+    before = metric(engine.metrics(), "omni_llm_generation_tokens_total", "llm")
+    stream = OmniStream(front.grpc_url)
+    stream.send(omni_inputs("go on and on", image=BIG_IMAGE, modalities=["text"],
+                            sampling={"temperature": 0, "max_tokens": 1500, "ignore_eos": True}))
+    response, error = stream.next(timeout=60)
+    assert error is None, error
+    assert len(_engine_regions(engine)) == 1
+    stream.close(cancel=True)
+    assert _wait_for_no_regions(engine) == []  # released once Triton let go of the request
+    generated = metric(engine.metrics(), "omni_llm_generation_tokens_total", "llm") - before
+    assert generated < 1500  # aborted on the engine server, not run to the end
+    assert _dev_shm() == []
 
 
 def test_losing_the_engine_server_is_a_quick_unavailable_error(servers):

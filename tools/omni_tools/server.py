@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -84,7 +85,7 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def start(self, timeout: float = 240.0) -> TritonServer:
+    def start(self, timeout: float = 600.0) -> TritonServer:
         cmd = [tritonserver_bin(), f"--model-repository={self.repository}",
                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                f"--metrics-port={self.metrics_port}", "--allow-metrics=true",
@@ -140,6 +141,58 @@ class TritonServer:
             pass
 
     def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class OpenAIFrontend:
+    """One `omni-openai` process (the venv's console script) on a free port; a context manager."""
+
+    def __init__(self, triton_grpc_url: str, *, port: int | None = None,
+                 log_path: str | Path | None = None):
+        self.triton_grpc_url = triton_grpc_url
+        self.port = port or free_port()
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> OpenAIFrontend:
+        cli = Path(sys.prefix) / "bin" / "omni-openai"
+        cmd = [str(cli), "--triton-url", self.triton_grpc_url, "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"omni-openai exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2):
+                    return self
+            except urllib.error.HTTPError:
+                return self  # it answers (Triton may be down: that is the caller's test)
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"omni-openai not answering after {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> OpenAIFrontend:
         return self.start()
 
     def __exit__(self, *exc) -> None:

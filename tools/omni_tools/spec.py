@@ -17,12 +17,13 @@ import functools
 import importlib
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import ModuleType, UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -51,6 +52,9 @@ ROLE_BACKENDS = {
     "audio_encoder": "omni_encoder", "audio_decoder": "omni_audio",
     "image_generator": "omni_dit",
 }
+# Roles that may name a list of stages: engines the orchestrator routes between
+# (session affinity, else the least busy; omni_serve.orchestrator.routing).
+MULTI_STAGE_ROLES = frozenset({"thinker"})
 InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
 
 # Backends whose engine batches by itself: Triton must hand requests over one by one.
@@ -182,6 +186,13 @@ class ServerSpec(_Strict):
     # when an orchestrator elsewhere calls a stage here; OMNI_SERVER_<NAME>_URL
     # overrides it at run time).
     grpc_url: str | None = None
+    # How an orchestrator on another server sends this server's stages inputs
+    # of at least `shared_memory_min_bytes` (the thinker's mm_embeds): through
+    # Triton system shared memory ("system"), inside the gRPC message ("none"),
+    # or shared memory when grpc_url's host is the orchestrator's own ("auto").
+    # OMNI_SERVER_<NAME>_SHM overrides it at run time.
+    shared_memory: Literal["auto", "system", "none"] = "auto"
+    shared_memory_min_bytes: Annotated[int, Field(ge=1)] = 64 * 1024
 
 
 class QueuePolicySpec(_Strict):
@@ -191,6 +202,28 @@ class QueuePolicySpec(_Strict):
     default_timeout_us: Annotated[int, Field(ge=0)] = 0  # 0: no timeout
     timeout_action: TimeoutAction = "REJECT"  # what happens to a request that timed out
     allow_timeout_override: bool = False  # may a request ask for its own timeout
+
+
+class MetricsSpec(_Strict):
+    """Triton's per-model metric options (`model_metrics`: Triton 2.52 and later, see
+    omni_tools.triton_versions)."""
+
+    # Upper bounds (ms) of the buckets of nv_inference_first_response_histogram_ms
+    # (time to first response; reported with --metrics-config histogram_latencies=true).
+    first_response_histogram_ms: list[float] | None = None
+
+    @field_validator("first_response_histogram_ms")
+    @classmethod
+    def _buckets_increase(cls, buckets: list[float] | None) -> list[float] | None:
+        if buckets is None:
+            return None
+        if not buckets:
+            raise ValueError("give at least one bucket bound (ms), or remove the key")
+        if any(not math.isfinite(b) or b < 0 for b in buckets):
+            raise ValueError(f"bucket bounds must be finite and >= 0 (got {buckets})")
+        if any(lower >= upper for lower, upper in zip(buckets, buckets[1:])):
+            raise ValueError(f"bucket bounds must increase strictly (got {buckets})")
+        return buckets
 
 
 # vLLM engine arguments that spread one engine over several devices.
@@ -215,6 +248,8 @@ class StageSpec(_Strict):
     # starts), e.g. VLLM_CPU_OMP_THREADS_BIND to give two vLLM engines their
     # own cores. Written as config.pbtxt parameters `env.<NAME>`.
     env: dict[str, str] = Field(default_factory=dict)
+    # Triton per-model metric options (config.pbtxt model_metrics).
+    metrics: MetricsSpec | None = None
 
     @field_validator("env")
     @classmethod
@@ -387,9 +422,8 @@ class PipelineSpec(_Strict):
             for name, stage in self.stages.items():
                 if stage.backend != "omni_orchestrator":
                     continue
-                roles = stage.engine_args.get("stages") or {}
-                for role, target in roles.items() if isinstance(roles, Mapping) else ():
-                    if target not in self.stages or not isinstance(target, str):
+                for role, target, _ in role_targets(stage.engine_args.get("stages")):
+                    if not isinstance(target, str) or target not in self.stages:
                         continue
                     there = self.server_of(target)
                     if there != self.server_of(name) and not (
@@ -455,21 +489,44 @@ class PipelineSpec(_Strict):
                 where = ("stages", name, "engine_args", "stages", role)
                 if role not in ROLE_BACKENDS:
                     problems.append((where, f"unknown role; roles: {', '.join(ROLE_BACKENDS)}"))
-                elif target is None:
                     continue
-                elif target not in self.stages:
-                    problems.append((where, f"no stage named {target!r}; stages: "
-                                            f"{', '.join(self.stages)}"))
-                elif self.stages[target].backend != ROLE_BACKENDS[role]:
-                    problems.append((where, f"stage {target!r} has backend "
-                                            f"{self.stages[target].backend}; the {role} role needs "
-                                            f"{ROLE_BACKENDS[role]}"))
+                if not isinstance(target, list):
+                    problems.extend(self._role_target_problems(where, role, target))
+                elif role not in MULTI_STAGE_ROLES:
+                    problems.append((where, f"one stage name (only the "
+                                            f"{', '.join(sorted(MULTI_STAGE_ROLES))} role takes "
+                                            "a list)"))
+                elif not target:
+                    problems.append((where, f"an empty list; name at least one "
+                                            f"{ROLE_BACKENDS[role]} stage"))
+                else:
+                    for i, item in enumerate(target):
+                        if item is None:
+                            problems.append(((*where, i), "must be a stage name"))
+                        elif item in target[:i]:
+                            problems.append(((*where, i), f"stage {item!r} is named twice"))
+                        else:
+                            problems.extend(self._role_target_problems((*where, i), role, item))
             if "thinker" not in roles:
                 problems.append((("stages", name, "engine_args", "stages", "thinker"),
                                  "required key is missing"))
         if problems:
             raise _Problems(*problems)
         return self
+
+    def _role_target_problems(self, where: tuple[str | int, ...], role: str,
+                              target: Any) -> list[tuple[tuple[str | int, ...], str]]:
+        """What is wrong with stage name `target` for `role` (nothing for None: role unused)."""
+        if target is None:
+            return []
+        if not isinstance(target, str):
+            return [(where, f"must be a stage name (got {_short(target)})")]
+        if target not in self.stages:
+            return [(where, f"no stage named {target!r}; stages: {', '.join(self.stages)}")]
+        if self.stages[target].backend != ROLE_BACKENDS[role]:
+            return [(where, f"stage {target!r} has backend {self.stages[target].backend}; the "
+                            f"{role} role needs {ROLE_BACKENDS[role]}")]
+        return []
 
     @model_validator(mode="after")
     def _entry_is_a_stage(self) -> PipelineSpec:
@@ -481,6 +538,19 @@ class PipelineSpec(_Strict):
         elif self.entry not in self.stages:
             raise _Problems((("entry",), f"no stage named {self.entry!r}; stages: {names}"))
         return self
+
+
+def role_targets(roles: Any) -> list[tuple[str, Any, tuple[str | int, ...]]]:
+    """(role, stage name, key path below `stages`) for each stage an orchestrator's
+    `engine_args.stages` names; a role naming a list (the thinker's engines) gives one
+    entry per item."""
+    out: list[tuple[str, Any, tuple[str | int, ...]]] = []
+    for role, target in roles.items() if isinstance(roles, Mapping) else ():
+        if isinstance(target, list):
+            out.extend((role, item, (role, i)) for i, item in enumerate(target))
+        else:
+            out.append((role, target, (role,)))
+    return out
 
 
 def _base_dir(info: ValidationInfo) -> Path:
@@ -550,6 +620,9 @@ def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
             if field is None:
                 return None
             ann = field.annotation
+            models = [a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if get_origin(ann) in (Union, UnionType) and len(models) == 1:
+                ann = models[0]  # `QueuePolicySpec | None`
         elif get_origin(ann) is dict:
             ann = get_args(ann)[1]
         else:

@@ -48,6 +48,7 @@ class StageMetrics(Protocol):
     def time_per_output_token(self, seconds: float) -> None: ...
     def tokens(self, prompt: int, generated: int) -> None: ...
     def scheduler(self, running: int, waiting: int) -> None: ...
+    def prefix_cache(self, queries: int, hits: int) -> None: ...
 
 
 class NullMetrics:
@@ -55,10 +56,17 @@ class NullMetrics:
     def time_per_output_token(self, seconds: float) -> None: ...
     def tokens(self, prompt: int, generated: int) -> None: ...
     def scheduler(self, running: int, waiting: int) -> None: ...
+    def prefix_cache(self, queries: int, hits: int) -> None: ...
 
 
 def _stat_logger_factory(metrics: StageMetrics) -> Callable:
-    """A vLLM StatLogger factory forwarding scheduler stats (running/waiting)."""
+    """A vLLM StatLogger factory forwarding scheduler stats.
+
+    Per engine step: running/waiting requests, and the prefix cache's queried
+    and hit prompt tokens of the requests scheduled for the first time in
+    that step (what vLLM's own vllm:prefix_cache_queries/_hits count;
+    preempted requests coming back are left out, as there).
+    """
     from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
 
     class _SchedulerStats(StatLoggerBase):
@@ -69,6 +77,9 @@ def _stat_logger_factory(metrics: StageMetrics) -> Callable:
             if scheduler_stats is not None:
                 metrics.scheduler(scheduler_stats.num_running_reqs,
                                   scheduler_stats.num_waiting_reqs)
+                cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if cache is not None and (cache.queries or cache.hits):
+                    metrics.prefix_cache(cache.queries, cache.hits)
 
         def log_engine_initialized(self):
             pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Mode = Literal["pipelined", "sequential"]
 Transport = Literal["grpc", "bls"]
@@ -25,16 +25,43 @@ class TalkerCodec(BaseModel):
 
 
 class StageRoles(BaseModel):
-    """Triton model names of the stages; a missing role disables what needs it."""
+    """Triton model names of the stages; a missing role disables what needs it.
+
+    `thinker` may name several omni_llm models (engines of the same
+    checkpoint, possibly on several servers): a request with a session id
+    goes to its session's engine (rendezvous hashing, so vLLM's prefix cache
+    keeps the conversation), one without to the least busy engine
+    (omni_serve.orchestrator.routing).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    thinker: str
+    thinker: str | tuple[str, ...]
     image_encoder: str | None = None
     audio_encoder: str | None = None
     talker: str | None = None
     audio_decoder: str | None = None
     image_generator: str | None = None
+
+    @field_validator("thinker")
+    @classmethod
+    def _thinkers(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        names = (value,) if isinstance(value, str) else value
+        if not names:
+            raise ValueError("name at least one thinker model")
+        if any(not name for name in names):
+            raise ValueError("model names must not be empty")
+        if len(set(names)) != len(names):
+            raise ValueError(f"each thinker model may be named once, got {list(names)}")
+        return value
+
+    @property
+    def thinkers(self) -> tuple[str, ...]:
+        """The thinker engines' model names (one or more)."""
+        return (self.thinker,) if isinstance(self.thinker, str) else self.thinker
+
+
+SharedMemory = Literal["auto", "system", "none"]
 
 
 class RemoteStage(BaseModel):
@@ -44,6 +71,27 @@ class RemoteStage(BaseModel):
 
     server: str
     url: str | None = None  # OMNI_SERVER_<SERVER>_URL overrides it
+    # Inputs of at least `shared_memory_min_bytes` (e.g. the thinker's mm_embeds)
+    # go to the stage through Triton system shared memory instead of inside the
+    # gRPC message: "system" always, "none" never, "auto" when the server's host
+    # is this machine (loopback or this host's name or address).
+    # OMNI_SERVER_<SERVER>_SHM overrides it.
+    shared_memory: SharedMemory = "auto"
+    shared_memory_min_bytes: int = Field(default=64 * 1024, ge=1)
+
+    @property
+    def env_prefix(self) -> str:
+        return f"OMNI_SERVER_{self.server.upper().replace('-', '_')}"
+
+    def shared_memory_mode(self) -> SharedMemory:
+        """`shared_memory`, or OMNI_SERVER_<SERVER>_SHM when set."""
+        import os  # noqa: PLC0415
+
+        env = f"{self.env_prefix}_SHM"
+        value = (os.environ.get(env) or self.shared_memory).strip().lower()
+        if value not in ("auto", "system", "none"):
+            raise ValueError(f"{env}={value!r}: use auto, system or none")
+        return value  # type: ignore[return-value]
 
 
 class OrchestratorConfig(BaseModel):

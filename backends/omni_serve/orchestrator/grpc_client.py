@@ -6,17 +6,33 @@ endpoint is read from the tritonserver command line) or to another one. No
 Python-backend objects cross threads, a child stream is cancelled like any
 client's (Triton then cancels the request, omni_llm aborts it in vLLM), and
 errors keep their gRPC status (the `triton_grpc_error` stream header).
+
+A stage on another server on this host gets its large inputs (the thinker's
+`mm_embeds`) through Triton system shared memory instead of inside the gRPC
+message: per call, one POSIX region holds every input of at least
+`min_bytes`; it is registered with that server, unlinked from /dev/shm at
+once (the server keeps its own mapping, so nothing leaks if this process
+dies), and unregistered when the call ends, however it ends. Outputs stay on
+gRPC (a decoupled stream's responses cannot be placed in advance).
 """
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import itertools
+import logging
 import os
+import secrets
+import socket
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from omni_serve.orchestrator.pipeline import StageCallError
+
+log = logging.getLogger(__name__)
 
 _WIRE = {np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
          np.dtype(np.float32): "FP32", np.dtype(np.uint8): "UINT8", np.dtype(np.uint32): "UINT32"}
@@ -64,12 +80,198 @@ def _code(status) -> str:
     return _STATUS.get(getattr(status, "name", str(status)), "INTERNAL")
 
 
-class GrpcStageClient:
-    """StageClient over Triton gRPC; create and use it on one event loop."""
+def _exc_code(e) -> str:
+    """StageCallError code of a tritonclient InferenceServerException."""
+    return _STATUS.get((e.status() or "").removeprefix("StatusCode."), "INTERNAL")
 
-    def __init__(self, url: str):
+
+# --- system shared memory ----------------------------------------------------------
+
+SHM_PREFIX = "omni_shm"  # /dev/shm/omni_shm_<pid>_<token>_<n> while a region is being filled
+_ALIGN = 64
+
+
+def url_host(url: str) -> str:
+    """The host part of a gRPC URL: `h:1`, `[::1]:8001`, `grpc://h:1` -> `h`, `::1`."""
+    rest = url.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):
+        return rest[1:].split("]", 1)[0]
+    return rest.rsplit(":", 1)[0] if rest.count(":") == 1 else rest
+
+
+def is_local_host(host: str) -> bool:
+    """True when `host` is this machine: loopback, `localhost`, this host's name or address."""
+    host = host.strip().lower().rstrip(".")
+    if not host:
+        return False
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+        literal = True
+    except ValueError:
+        literal = False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    names = {socket.gethostname().lower()}
+    if not literal:
+        names.add(socket.getfqdn().lower())
+        return host in names
+    try:  # an address of this host's name (no lookup of arbitrary names)
+        return host in socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        return False
+
+
+def use_shared_memory(mode: str, url: str) -> bool:
+    """Whether calls to the server at `url` send large inputs through system shared memory."""
+    if mode == "system":
+        return True
+    if mode == "none":
+        return False
+    return is_local_host(url_host(url))
+
+
+@dataclass(frozen=True)
+class RemoteEndpoint:
+    """How to reach a stage on another server (from the orchestrator's `remote` entry)."""
+
+    url: str
+    shared_memory: str = "none"  # "auto", "system" or "none"
+    shared_memory_min_bytes: int = 64 * 1024
+
+
+def remote_endpoints(cfg) -> dict[str, RemoteEndpoint]:
+    """The remote stages of an OrchestratorConfig, environment overrides applied."""
+    return {model: RemoteEndpoint(cfg.remote_url(model), stage.shared_memory_mode(),
+                                  stage.shared_memory_min_bytes)
+            for model, stage in cfg.remote.items()}
+
+
+def shm_layout(inputs: dict[str, np.ndarray], min_bytes: int) -> tuple[dict[str, int], int]:
+    """Which inputs go to shared memory (numeric, at least `min_bytes`): name -> offset, size."""
+    offsets: dict[str, int] = {}
+    size = 0
+    for name, arr in inputs.items():
+        arr = np.asarray(arr)
+        if arr.dtype == np.object_ or arr.nbytes < min_bytes:
+            continue
+        offsets[name] = size
+        size += -(-arr.nbytes // _ALIGN) * _ALIGN
+    return offsets, size
+
+
+class ShmRegions:
+    """Per-call system shared-memory regions registered with one server.
+
+    `place()` makes one region per call, registers it and unlinks its /dev/shm
+    name; `release()` unregisters it in the background, retrying while the
+    server still holds the request (Triton >= 2.50 refuses to unregister a
+    region in use); `close()` unregisters whatever is left.
+    """
+
+    def __init__(self, retry_s: float = 30.0):
+        self.prefix = f"{SHM_PREFIX}_{os.getpid()}_{secrets.token_hex(3)}"
+        self._n = itertools.count()
+        self.registered: set[str] = set()  # on the server, not yet unregistered
+        self.retry_s = retry_s
+        self._releases: set[asyncio.Task] = set()
+
+    async def place(self, client, inputs: dict[str, np.ndarray],
+                    offsets: dict[str, int], size: int) -> str:
+        """Copy `inputs[offsets]` into a new region registered with `client`'s server."""
+        import tritonclient.utils.shared_memory as shm  # noqa: PLC0415
+
+        name = f"{self.prefix}_{next(self._n)}"
+        handle = shm.create_shared_memory_region(name, f"/{name}", size, create_only=True)
+        try:
+            for tensor, offset in offsets.items():
+                shm.set_shared_memory_region(handle, [np.ascontiguousarray(inputs[tensor])], offset)
+            self.registered.add(name)  # even a cancelled register may have reached the server
+            try:
+                await client.register_system_shared_memory(name, f"/{name}", size)
+            except BaseException:
+                self.release(client, name)
+                raise
+        finally:
+            shm.destroy_shared_memory_region(handle)  # the server keeps its own mapping
+        return name
+
+    def release(self, client, name: str) -> None:
+        """Unregister `name` from the server (in the background, retried while in use)."""
+        task = asyncio.get_running_loop().create_task(self._unregister(client, name))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _unregister(self, client, name: str) -> None:
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_s
+        delay = 0.01
+        while True:
+            try:
+                await client.unregister_system_shared_memory(name)
+                self.registered.discard(name)
+                return
+            except InferenceServerException as e:
+                if loop.time() + delay > deadline:
+                    log.warning("could not unregister shared memory region %s (%s); "
+                                "trying again at shutdown", name, e.message())
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def drain(self) -> None:
+        """Wait for the releases in flight."""
+        while self._releases:
+            await asyncio.gather(*list(self._releases), return_exceptions=True)
+
+    async def close(self, client, timeout_s: float = 5.0) -> None:
+        """Unregister every region still registered (at orchestrator shutdown).
+
+        Retries for up to `timeout_s` while the server still holds a cancelled
+        request's region; gives up at once when the server is unreachable.
+        """
+        for task in list(self._releases):
+            task.cancel()
+        await asyncio.gather(*list(self._releases), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        error: Exception | None = None
+        while self.registered and loop.time() < deadline:
+            for name in sorted(self.registered):
+                try:
+                    await asyncio.wait_for(client.unregister_system_shared_memory(name),
+                                           max(0.1, deadline - loop.time()))
+                    self.registered.discard(name)
+                except Exception as e:
+                    error = e
+                    if hasattr(e, "status") and _exc_code(e) == "UNAVAILABLE":
+                        deadline = 0.0  # the server is gone, and its regions with it
+                        break
+            if self.registered:
+                await asyncio.sleep(0.1)
+        if self.registered:
+            log.warning("shared memory regions left registered: %s (%s)",
+                        ", ".join(sorted(self.registered)), error)
+
+
+class GrpcStageClient:
+    """StageClient over Triton gRPC; create and use it on one event loop.
+
+    With `shared_memory` ("auto": when `url` is on this host; "system": always)
+    inputs of at least `shared_memory_min_bytes` travel in system shared memory.
+    In "auto" a server that cannot open the region (another machine or IPC
+    namespace, or client shared memory disabled on it) turns it off for good.
+    """
+
+    def __init__(self, url: str, shared_memory: str = "none",
+                 shared_memory_min_bytes: int = 64 * 1024):
         self.url = url
         self._client = None
+        self.shm_mode = shared_memory
+        self.shm_min_bytes = shared_memory_min_bytes
+        self.shm: ShmRegions | None = ShmRegions() if use_shared_memory(shared_memory, url) else None
 
     def _connect(self):
         if self._client is None:
@@ -79,7 +281,8 @@ class GrpcStageClient:
         return self._client
 
     @staticmethod
-    def _inputs(inputs: dict[str, np.ndarray]):
+    def _inputs(inputs: dict[str, np.ndarray], region: str | None = None,
+                offsets: dict[str, int] | None = None):
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
         out = []
@@ -87,9 +290,38 @@ class GrpcStageClient:
             arr = np.asarray(arr)
             wire = "BYTES" if arr.dtype == np.object_ else _WIRE[arr.dtype]
             tensor = grpcclient.InferInput(name, list(arr.shape), wire)
-            tensor.set_data_from_numpy(arr)
+            if region is not None and offsets and name in offsets:
+                tensor.set_shared_memory(region, arr.nbytes, offsets[name])
+            else:
+                tensor.set_data_from_numpy(arr)
             out.append(tensor)
         return out
+
+    async def _place(self, inputs: dict[str, np.ndarray]):
+        """The call's InferInputs and its shared-memory region (None: all inline)."""
+        if self.shm is None:
+            return self._inputs(inputs), None
+        offsets, size = shm_layout(inputs, self.shm_min_bytes)
+        if not offsets:
+            return self._inputs(inputs), None
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        try:
+            region = await self.shm.place(self._connect(), inputs, offsets, size)
+        except InferenceServerException as e:
+            code = _exc_code(e)
+            if self.shm_mode == "system" or code == "UNAVAILABLE":
+                raise StageCallError(code, f"registering system shared memory with {self.url}: "
+                                           f"{e.message()}") from e
+            log.warning("%s cannot use this host's shared memory (%s); sending inputs over "
+                        "gRPC from now on", self.url, e.message())
+            self.shm = None
+            return self._inputs(inputs), None
+        return self._inputs(inputs, region, offsets), region
+
+    def _release(self, region: str | None) -> None:
+        if region is not None and self.shm is not None:
+            self.shm.release(self._connect(), region)
 
     @staticmethod
     def _outputs(result, outputs: Sequence[str]) -> dict[str, np.ndarray]:
@@ -101,13 +333,15 @@ class GrpcStageClient:
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
+        infer_inputs, region = await self._place(inputs)
         try:
             result = await self._connect().infer(
-                model, self._inputs(inputs),
+                model, infer_inputs,
                 outputs=[grpcclient.InferRequestedOutput(o) for o in outputs])
         except InferenceServerException as e:
-            raise StageCallError(_STATUS.get((e.status() or "").removeprefix("StatusCode."),
-                                             "INTERNAL"), e.message()) from e
+            raise StageCallError(_exc_code(e), e.message()) from e
+        finally:
+            self._release(region)
         return self._outputs(result, outputs)
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
@@ -116,20 +350,26 @@ class GrpcStageClient:
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         from tritonclient.grpc._utils import _get_inference_request  # noqa: PLC0415
 
-        request = _get_inference_request(
-            model_name=model, inputs=self._inputs(inputs), model_version="", request_id=request_id,
-            outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], sequence_id=0,
-            sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
-        # the last response says so (Triton's `triton_final_response`), even an empty one
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        done = asyncio.Event()
+        infer_inputs, region = await self._place(inputs)
+        try:
+            request = _get_inference_request(
+                model_name=model, inputs=infer_inputs, model_version="", request_id=request_id,
+                outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], sequence_id=0,
+                sequence_start=False, sequence_end=False, priority=0, timeout=None,
+                parameters=None)
+            # the last response says so (Triton's `triton_final_response`), even an empty one
+            request.parameters["triton_enable_empty_final_response"].bool_param = True
+            done = asyncio.Event()
 
-        async def requests():
-            yield request
-            await done.wait()  # keep the stream open until the request is complete
+            async def requests():
+                yield request
+                await done.wait()  # keep the stream open until the request is complete
 
-        client = self._connect()
-        call = client._client_stub.ModelStreamInfer(requests(), metadata=_STRICT_ERRORS)
+            client = self._connect()
+            call = client._client_stub.ModelStreamInfer(requests(), metadata=_STRICT_ERRORS)
+        except BaseException:
+            self._release(region)
+            raise
         finished = False
         try:
             while True:
@@ -160,9 +400,12 @@ class GrpcStageClient:
             done.set()
             if not finished:
                 call.cancel()  # Triton cancels the request; omni_llm aborts it in the engine
+            self._release(region)
 
     async def close(self) -> None:
         if self._client is not None:
+            if self.shm is not None:
+                await self.shm.close(self._client)
             await self._client.close()
 
 
@@ -185,12 +428,22 @@ class RoutingStageClient:
         return self._for(model).stream(model, inputs, outputs, request_id=request_id,
                                        timeout_s=timeout_s)
 
+    async def close(self) -> None:
+        for client in dict.fromkeys([self.local, *self.remote.values()]):
+            await client.close()
 
-def stage_client(local_url: str, remote_urls: dict[str, str]) -> GrpcStageClient | RoutingStageClient:
+
+def stage_client(local_url: str, remote: dict[str, str | RemoteEndpoint]
+                 ) -> GrpcStageClient | RoutingStageClient:
     """One gRPC client per server; a router when some stages are remote."""
     local = GrpcStageClient(local_url)
-    if not remote_urls:
+    if not remote:
         return local
-    by_url: dict[str, GrpcStageClient] = {}
-    remote = {model: by_url.setdefault(url, GrpcStageClient(url)) for model, url in remote_urls.items()}
-    return RoutingStageClient(local, remote)
+    by_endpoint: dict[RemoteEndpoint, GrpcStageClient] = {}
+    clients = {}
+    for model, where in remote.items():
+        ep = RemoteEndpoint(where) if isinstance(where, str) else where
+        if ep not in by_endpoint:
+            by_endpoint[ep] = GrpcStageClient(ep.url, ep.shared_memory, ep.shared_memory_min_bytes)
+        clients[model] = by_endpoint[ep]
+    return RoutingStageClient(local, clients)

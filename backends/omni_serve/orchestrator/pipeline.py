@@ -39,7 +39,8 @@ from omni_serve.audio.request import chunk_plan
 from omni_serve.contract import AUDIO, DIT, ENCODER, LLM
 from omni_serve.errors import StageFailedError
 from omni_serve.orchestrator.config import OrchestratorConfig
-from omni_serve.orchestrator.request import OmniRequest
+from omni_serve.orchestrator.request import OmniRequest, Turn
+from omni_serve.orchestrator.routing import EngineRouter
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class Timings:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     prompt_tokens: int = 0  # the thinker's (or, reading aloud, the text's) tokens
     completion_tokens: int = 0  # the thinker's reply tokens
+    thinker_model: str | None = None  # the thinker engine that served the request
 
     def add(self, role: str, seconds: float) -> None:
         self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
@@ -149,6 +151,8 @@ class Timings:
             "usage": {"prompt_tokens": self.prompt_tokens,
                       "completion_tokens": self.completion_tokens},
         }
+        if self.thinker_model is not None:
+            out["thinker_model"] = self.thinker_model
         if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
             out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
         return out
@@ -171,9 +175,15 @@ def media_span(span: tuple[str, str, str], rows: int) -> str:
     return span[0] + span[1] * rows + span[2]
 
 
-def chat_prompt(system: str, user: str) -> str:
-    """The thinker's ChatML prompt (Qwen2.5-Omni's template for one user turn)."""
-    return (f"<|im_start|>system\n{system}<|im_end|>\n"
+def chat_prompt(system: str, user: str, history: Sequence[Turn] = ()) -> str:
+    """The thinker's ChatML prompt (Qwen2.5-Omni's template): the earlier turns, then `user`.
+
+    Each turn is `<|im_start|>{role}\n{content}<|im_end|>\n`, as in Qwen's chat
+    template, so turn N's prompt extends turn N-1's prompt + its reply and
+    the engine's prefix cache holds everything up to the new user turn.
+    """
+    turns = "".join(f"<|im_start|>{turn.role}\n{turn.content}<|im_end|>\n" for turn in history)
+    return (f"<|im_start|>system\n{system}<|im_end|>\n{turns}"
             f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -186,6 +196,8 @@ class OmniPipeline:
         self.client = client
         # the thinker's tokenizer (text -> ids), for task "speech"
         self.tokenize = tokenize
+        # which thinker engine serves a request (session affinity, else least busy)
+        self.thinkers = EngineRouter(cfg.stages.thinkers)
 
     # --- stage calls with the stage's name on every error ---------------------------
     async def _infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
@@ -204,8 +216,9 @@ class OmniPipeline:
             timings.add(role, time.perf_counter() - t0)
 
     async def _stream(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
-                      request_id: str, timings: Timings) -> AsyncIterator[dict[str, np.ndarray]]:
-        model = getattr(self.cfg.stages, role)
+                      request_id: str, timings: Timings,
+                      model: str | None = None) -> AsyncIterator[dict[str, np.ndarray]]:
+        model = model or getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
         try:
             async for out in self.client.stream(model, inputs, outputs, request_id=request_id,
@@ -261,7 +274,7 @@ class OmniPipeline:
             emb = emb.reshape(-1, emb.shape[-1])
             rows.append(emb)
             parts.append(media_span(span, emb.shape[0]))
-        prompt = chat_prompt(self.cfg.system_prompt, "".join(parts) + req.text)
+        prompt = chat_prompt(self.cfg.system_prompt, "".join(parts) + req.text, req.history)
         return (np.concatenate(rows) if rows else None), prompt
 
     # --- thinker ---------------------------------------------------------------------
@@ -284,27 +297,30 @@ class OmniPipeline:
         limit = self.cfg.first_segment_tokens
         text: list[str] = []
         finish = ""
-        async for out in self._stream("thinker", inputs,
-                                      [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS,
-                                       LLM.NUM_INPUT_TOKENS, LLM.NUM_OUTPUT_TOKENS],
-                                      f"{req.request_id}-thinker", t):
-            t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
-            # streamed: each response carries the running count of reply tokens
-            t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS), t.completion_tokens))
-            delta = _first(out.get(LLM.TEXT_OUTPUT), "")
-            if delta:
-                if t.first_text is None:
-                    t.first_text = time.perf_counter()
-                text.append(delta)
-                emit(TextDelta(delta))
-            finish = _first(out.get(LLM.FINISH_REASON), "") or finish
-            if segments is not None:
-                ids = out.get(LLM.TOKEN_IDS)
-                if ids is not None:
-                    pending.extend(int(i) for i in np.asarray(ids).reshape(-1))
-                if len(pending) >= limit:
-                    segments.put_nowait(pending)
-                    pending, limit = [], self.cfg.segment_tokens
+        with self.thinkers.route(req.session_id) as engine:
+            t.thinker_model = engine
+            async for out in self._stream("thinker", inputs,
+                                          [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS,
+                                           LLM.NUM_INPUT_TOKENS, LLM.NUM_OUTPUT_TOKENS],
+                                          f"{req.request_id}-thinker", t, model=engine):
+                t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
+                # streamed: each response carries the running count of reply tokens
+                t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
+                                                 t.completion_tokens))
+                delta = _first(out.get(LLM.TEXT_OUTPUT), "")
+                if delta:
+                    if t.first_text is None:
+                        t.first_text = time.perf_counter()
+                    text.append(delta)
+                    emit(TextDelta(delta))
+                finish = _first(out.get(LLM.FINISH_REASON), "") or finish
+                if segments is not None:
+                    ids = out.get(LLM.TOKEN_IDS)
+                    if ids is not None:
+                        pending.extend(int(i) for i in np.asarray(ids).reshape(-1))
+                    if len(pending) >= limit:
+                        segments.put_nowait(pending)
+                        pending, limit = [], self.cfg.segment_tokens
         if segments is not None:
             if pending:
                 segments.put_nowait(pending)

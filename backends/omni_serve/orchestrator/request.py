@@ -17,6 +17,17 @@ from omni_serve.errors import RequestError
 from omni_serve.fields import integer, scalar, text
 from omni_serve.orchestrator.config import OrchestratorConfig
 
+HISTORY_ROLES = ("user", "assistant")
+MAX_SESSION_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One earlier message of the conversation (`history`)."""
+
+    role: str  # "user" or "assistant"
+    content: str
+
 
 @dataclass
 class OmniRequest:
@@ -29,6 +40,10 @@ class OmniRequest:
     speaker: str | None = None
     seed: int | None = None
     task: str = "chat"
+    # routes the request to its session's thinker engine (None: the least busy)
+    session_id: str | None = None
+    # earlier turns, rendered before `text` in the chat template
+    history: tuple[Turn, ...] = ()
 
 
 def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorConfig,
@@ -87,6 +102,45 @@ def _task(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> str
     return task
 
 
+def _session_id(tensors: dict[str, np.ndarray | None]) -> str | None:
+    value = text(OMNI.SESSION_ID, scalar(tensors, OMNI.SESSION_ID))
+    if value is None or not value.strip():  # empty: no session
+        return None
+    if len(value) > MAX_SESSION_ID_CHARS:
+        raise RequestError(OMNI.SESSION_ID, f"is {len(value)} characters; at most "
+                                            f"{MAX_SESSION_ID_CHARS} are allowed")
+    return value
+
+
+def _history(tensors: dict[str, np.ndarray | None]) -> tuple[Turn, ...]:
+    raw = text(OMNI.HISTORY, scalar(tensors, OMNI.HISTORY))
+    if raw is None or not raw.strip():
+        return ()
+    try:
+        items = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise RequestError(OMNI.HISTORY, f"invalid JSON ({e.msg})") from e
+    shape = 'a JSON array of {"role": "user"|"assistant", "content": "..."} objects'
+    if not isinstance(items, list):
+        raise RequestError(OMNI.HISTORY, f"must be {shape}")
+    turns = []
+    for i, item in enumerate(items):
+        where = f"{OMNI.HISTORY}[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(where, f"must be an object; {OMNI.HISTORY} must be {shape}")
+        extra = sorted(set(item) - {"role", "content"})
+        if extra:
+            raise RequestError(where, f"unknown key {extra[0]!r}; allowed: role, content")
+        role, content = item.get("role"), item.get("content")
+        if role not in HISTORY_ROLES:
+            raise RequestError(f"{where}.role", f"must be one of {list(HISTORY_ROLES)}, "
+                                                f"got {role!r}")
+        if not isinstance(content, str):
+            raise RequestError(f"{where}.content", f"must be a string, got {content!r}"[:200])
+        turns.append(Turn(role, content))
+    return tuple(turns)
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                   cfg: OrchestratorConfig) -> OmniRequest:
     prompt = text(OMNI.TEXT_INPUT, scalar(tensors, OMNI.TEXT_INPUT))
@@ -101,6 +155,11 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
             raise RequestError(OMNI.SAMPLING_PARAMETERS, f"invalid JSON ({e.msg})") from e
         if not isinstance(sampling, dict):
             raise RequestError(OMNI.SAMPLING_PARAMETERS, "must be a JSON object")
+    task = _task(tensors, cfg)
+    history = _history(tensors)
+    if history and task != "chat":
+        raise RequestError(OMNI.HISTORY, f"is only used by task chat (task {task} reads "
+                                         "text_input aloud)")
     return OmniRequest(
         request_id=request_id,
         text=prompt,
@@ -110,5 +169,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         sampling=sampling,
         speaker=text(OMNI.SPEAKER, scalar(tensors, OMNI.SPEAKER)),
         seed=integer(OMNI.SEED, scalar(tensors, OMNI.SEED)),
-        task=_task(tensors, cfg),
+        task=task,
+        session_id=_session_id(tensors),
+        history=history,
     )

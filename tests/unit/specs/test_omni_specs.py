@@ -10,7 +10,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import omni_tools.tiny_models as REAL_TINY_MODELS  # the real one: the fixtures replace it
-from omni_serve.contract import ENGINE_ARGS_FILE, ENV_PARAMETER_PREFIX
+from omni_serve.contract import ENGINE_ARGS_FILE, ENTRY_PARAMETER, ENV_PARAMETER_PREFIX
 from omni_tools import gen_repo
 from omni_tools.spec import SpecError, load_preset, load_spec, parse_spec
 
@@ -95,7 +95,10 @@ def test_stage_env_becomes_config_parameters(tmp_path, models):
     assert config.parameters[f"{ENV_PARAMETER_PREFIX}VLLM_CPU_OMP_THREADS_BIND"].string_value == "0"
     talker = text_format.Parse((generated / "talker" / "config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())
-    assert not talker.parameters
+    # no env for the talker; it is marked as a stage clients do not offer on its own
+    assert dict(talker.parameters) == {ENTRY_PARAMETER: talker.parameters[ENTRY_PARAMETER]}
+    assert talker.parameters[ENTRY_PARAMETER].string_value == "false"
+    assert ENTRY_PARAMETER not in config.parameters
 
 
 def test_ragged_audio_inputs_allow_ragged_batches(tmp_path, models):

@@ -147,7 +147,7 @@ def test_an_unknown_stage_key_lists_the_allowed_keys(tmp_path):
     assert only_problem(tmp_path, data) == (
         "stages.llm.batching: unknown key; allowed keys here: "
         "backend, model, engine_args, instances, max_batch_size, max_queue_delay_us, "
-        "preserve_ordering, queue, server, env")
+        "preserve_ordering, queue, server, env, metrics")
 
 
 def test_an_unknown_instances_key_lists_the_allowed_keys(tmp_path):

@@ -1,0 +1,1 @@
+"""omni-openai: the OpenAI-compatible HTTP frontend (FastAPI) over omni_client."""

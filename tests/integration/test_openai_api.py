@@ -1,0 +1,207 @@
+"""omni-openai against the real omni-chat stack, driven by the official `openai` package."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from PIL import Image
+
+from omni_tools.server import OpenAIFrontend, free_port
+from tests.integration.omni_io import png
+
+pytestmark = pytest.mark.integration
+
+VOICE = "Ethan"  # a voice of the embedded Token2Wav (speakers.json)
+GREEDY = {"temperature": 0, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def client(openai_frontend):
+    with openai.OpenAI(base_url=f"{openai_frontend}/v1", api_key="unused", max_retries=0,
+                       timeout=180) as c:
+        yield c
+
+
+def _user(text: str, *parts) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": text}, *parts]}]
+
+
+def test_models_lists_the_entry_models_only(client):
+    models = {m.id: m for m in client.models.list().data}
+    assert {"omni", "llm", "text_to_image"} <= set(models)
+    # stage models that only serve the pipeline are not offered
+    assert not {"talker", "image_encoder", "audio_encoder", "audio_decoder"} & set(models)
+    assert models["omni"].model_extra["kind"] == "omni"
+    assert models["text_to_image"].model_extra["kind"] == "image"
+
+
+def test_streamed_text_joins_into_the_whole_completion(client):
+    kwargs = dict(model="omni", messages=_user("tell me a story"), max_tokens=20, **GREEDY)
+    whole = client.chat.completions.create(**kwargs)
+    stream = client.chat.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True})
+    deltas, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                deltas.append(choice.delta.content)
+            finish = choice.finish_reason or finish
+    assert len(deltas) > 1  # it streamed
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert whole.choices[0].finish_reason == finish == "length"
+    assert whole.usage.completion_tokens == usage.completion_tokens == 20
+    assert whole.usage.prompt_tokens == usage.prompt_tokens > 0
+
+
+def test_chat_with_audio_out_streamed_and_whole(client):
+    kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
+                  modalities=["text", "audio"], **GREEDY)
+    whole = client.chat.completions.create(**kwargs, audio={"voice": VOICE, "format": "wav"})
+    audio = whole.choices[0].message.audio
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="float32")
+    assert rate == 24000 and samples.ndim == 1 and samples.size > 0
+    assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
+    assert whole.choices[0].message.content is None and audio.transcript
+
+    transcript, pcm = [], []
+    stream = client.chat.completions.create(**kwargs, audio={"voice": VOICE, "format": "pcm16"},
+                                            stream=True)
+    for chunk in stream:
+        for choice in chunk.choices:
+            delta_audio = getattr(choice.delta, "audio", None) or (choice.delta.model_extra or {}
+                                                                    ).get("audio")
+            if delta_audio:
+                transcript.append(delta_audio.get("transcript") or "")
+                if delta_audio.get("data"):
+                    pcm.append(np.frombuffer(base64.b64decode(delta_audio["data"]), "<i2"))
+    assert len(pcm) > 1  # audio arrived in several chunks
+    assert "".join(transcript) == audio.transcript
+    streamed = np.concatenate(pcm).astype(np.float32) / 32767.0
+    # same seed, same greedy reply: the same speech, up to 16-bit rounding
+    assert streamed.size == samples.size
+    assert np.abs(streamed - samples).max() < 1e-3
+
+
+def test_an_image_part_reaches_the_thinker(client):
+    plain = client.chat.completions.create(model="omni", messages=_user("what is this"),
+                                           max_tokens=4, **GREEDY)
+    data_url = "data:image/png;base64," + base64.b64encode(png(seed=3)).decode()
+    with_image = client.chat.completions.create(
+        model="omni", max_tokens=4, **GREEDY,
+        messages=_user("what is this", {"type": "image_url", "image_url": {"url": data_url}}))
+    # the image's rows are part of the prompt the thinker read
+    assert with_image.usage.prompt_tokens > plain.usage.prompt_tokens + 4
+
+
+def test_plain_llm_model_chats_in_chatml(client):
+    reply = client.chat.completions.create(
+        model="llm", max_tokens=6, **GREEDY,
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 6 and reply.choices[0].message.content
+
+
+def test_images_generate(client):
+    result = client.images.generate(model="text_to_image", prompt="a red square", n=2,
+                                    size="64x64", response_format="b64_json",
+                                    extra_body={"seed": 11})
+    images = [Image.open(io.BytesIO(base64.b64decode(d.b64_json))) for d in result.data]
+    assert [im.size for im in images] == [(64, 64), (64, 64)]
+    again = client.images.generate(model="text_to_image", prompt="a red square", n=1,
+                                   size="64x64", response_format="b64_json",
+                                   extra_body={"seed": 11})
+    assert again.data[0].b64_json == result.data[0].b64_json  # seeded: the same image
+    assert result.data[1].b64_json != result.data[0].b64_json  # n images get their own seeds
+
+
+def test_audio_speech_formats_and_streaming(client):
+    text = "one two three four five six seven eight nine ten"
+    wav = client.audio.speech.create(model="omni", voice=VOICE, input=text,
+                                     response_format="wav", extra_body={"seed": 5})
+    samples, rate = sf.read(io.BytesIO(wav.content), dtype="float32")
+    assert rate == 24000 and samples.size > 0
+    pcm = client.audio.speech.create(model="omni", voice=VOICE, input=text,
+                                     response_format="pcm", extra_body={"seed": 5})
+    assert len(pcm.content) == 2 * samples.size
+    flac = client.audio.speech.create(model="omni", voice=VOICE, input=text,
+                                      response_format="flac", extra_body={"seed": 5})
+    flac_samples, flac_rate = sf.read(io.BytesIO(flac.content), dtype="float32")
+    assert flac_rate == 24000 and flac_samples.size == samples.size
+    with client.audio.speech.with_streaming_response.create(
+            model="omni", voice=VOICE, input=text * 3, response_format="pcm",
+            extra_body={"seed": 5}) as response:
+        pieces = [piece for piece in response.iter_bytes() if piece]
+    assert sum(map(len, pieces)) > 2 * samples.size  # three times the text, more speech
+    short = client.audio.speech.create(model="omni", voice=VOICE, input="one",
+                                       response_format="pcm", extra_body={"seed": 5})
+    assert len(short.content) < len(pcm.content)
+
+
+@pytest.mark.parametrize("kwargs, status, param, message", [
+    ({"model": "nope"}, 404, "model", "does not exist"),
+    ({"n": 2}, 400, "n", "n must be 1"),
+    ({"temperature": 5}, 400, "temperature", "less than or equal to 2"),
+    ({"extra_body": {"bogus": 1}}, 400, "bogus", "unrecognized request argument"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": VOICE, "format": "wav"},
+      "stream": True}, 400, "audio.format", "pcm16"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
+     400, None, "speaker"),
+    ({"messages": _user("x", {"type": "image_url", "image_url": {"url": "http://x/y.png"}})},
+     400, "messages.0.content.1.image_url.url", "data: URLs"),
+    ({"messages": _user("x", {"type": "image_url", "image_url": {
+        "url": "data:image/png;base64," + base64.b64encode(b"not a png").decode()}})},
+     400, None, "image_encoder"),
+    ({"model": "text_to_image"}, 400, "model", "is a image model"),
+])
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(client, kwargs, status, param,
+                                                               message):
+    request = {"model": "omni", "messages": _user("hello"), "max_tokens": 4, **kwargs}
+    stream = request.pop("stream", False)
+    with pytest.raises(openai.APIStatusError) as info:
+        result = client.chat.completions.create(**request, stream=stream)
+        if stream:
+            list(result)
+    err = info.value
+    assert err.status_code == status
+    assert message in err.message
+    if param is not None:
+        assert err.body["param"].replace("[", ".").replace("]", "") == param
+    ok = client.chat.completions.create(model="omni", messages=_user("hello"), max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_bad_speech_and_image_requests(client):
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        client.audio.speech.create(model="omni", voice=VOICE, input="x", response_format="mp3")
+    with pytest.raises(openai.BadRequestError, match="speaker"):
+        client.audio.speech.create(model="omni", voice="alloy", input="hello")
+    with pytest.raises(openai.BadRequestError, match="size"):
+        client.images.generate(model="text_to_image", prompt="x", size="big")
+    with pytest.raises(openai.BadRequestError, match="height|width"):
+        client.images.generate(model="text_to_image", prompt="x", size="64x100000")
+
+
+def test_health_metrics_and_a_dead_triton(openai_frontend, tmp_path):
+    with urllib.request.urlopen(f"{openai_frontend}/health") as r:
+        assert json.load(r)["status"] == "ok"
+    with urllib.request.urlopen(f"{openai_frontend}/metrics") as r:
+        text = r.read().decode()
+    assert 'omni_openai_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    # a frontend whose Triton is gone answers 503, not a hang or a 500
+    with OpenAIFrontend(f"127.0.0.1:{free_port()}", log_path=tmp_path / "dead.log") as dead:
+        dead_client = openai.OpenAI(base_url=f"{dead.base_url}/v1", api_key="x", max_retries=0,
+                                    timeout=60)
+        with pytest.raises(openai.APIStatusError) as info:
+            dead_client.chat.completions.create(model="omni", messages=_user("hi"))
+        assert info.value.status_code == 503
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(f"{dead.base_url}/health")
+        assert health.value.code == 503

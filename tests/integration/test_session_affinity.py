@@ -1,0 +1,196 @@
+"""Two thinker engines behind one orchestrator: session affinity and prefix-cache locality.
+
+One tritonserver: `llm_a` and `llm_b` (the tiny thinker LM on vLLM, one core
+each) and an orchestrator whose thinker role is [llm_a, llm_b]. A multi-turn
+session (each turn carries the earlier turns in `history`) stays on the
+engine rendezvous hashing picks for its session id, and that engine's
+prefix-cache hit rate (omni_llm_prefix_cache_hits_total /
+omni_llm_prefix_cache_queries_total) rises turn over turn.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omni_serve.orchestrator.routing import pick
+from omni_tools.server import TritonServer
+
+from .llm_io import metric
+from .omni_io import OmniStream, omni_inputs, run_omni
+
+pytestmark = pytest.mark.integration
+
+ENGINES = ("llm_a", "llm_b")
+REPLY_TOKENS = 8
+SAMPLING = {"temperature": 0, "max_tokens": REPLY_TOKENS, "ignore_eos": True}
+# vLLM caches whole KV blocks only; the CPU default is 128 tokens, which at these tiny
+# prompt lengths would hide the hits. 32 shows them turn by turn (16 fails on CPU).
+BLOCK_SIZE = 32
+QUERIES = "omni_llm_prefix_cache_queries_total"
+HITS = "omni_llm_prefix_cache_hits_total"
+GENERATED = "omni_llm_generation_tokens_total"
+# a long first message, then short follow-ups: the history outgrows each new turn
+TURNS = [
+    "Tell me a story about a lighthouse keeper who finds a message in a bottle on the shore "
+    "one stormy night, reads it by the light of the lamp, and decides to find its writer.",
+    "Who wrote the message?",
+    "Did the keeper answer it?",
+    "Give the story a title.",
+]
+
+
+def _spec() -> dict:
+    engine = {"backend": "omni_llm", "model": "tiny:qwen2.5-omni-tiny/thinker-lm",
+              "engine_args": {"max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
+                              "block_size": BLOCK_SIZE}}
+    return {
+        "pipeline": "session-affinity",
+        "stages": {
+            # each engine its own core (two vLLM CPU engines would both bind core 0)
+            "llm_a": {**engine, "env": {"VLLM_CPU_OMP_THREADS_BIND": "0",
+                                        "VLLM_CPU_KVCACHE_SPACE": "1"}},
+            "llm_b": {**engine, "env": {"VLLM_CPU_OMP_THREADS_BIND": "1",
+                                        "VLLM_CPU_KVCACHE_SPACE": "1"}},
+            "omni": {"backend": "omni_orchestrator",
+                     "engine_args": {"stages": {"thinker": list(ENGINES)}}},
+        },
+        "entry": "omni",
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("session-affinity")
+    (root / "spec.yaml").write_text(yaml.safe_dump(_spec(), sort_keys=False))
+    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
+    subprocess.run([str(cli), str(root / "spec.yaml"), "-o", str(root / "repo")], check=True,
+                   timeout=600)
+    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log")
+    triton.start(timeout=600)  # two vLLM engines on a busy 2-core machine take a while
+    try:
+        yield triton
+    finally:
+        triton.stop()
+        print(f"\ntritonserver log: {triton.log_path}")
+
+
+def _counters(server) -> dict[str, dict[str, float]]:
+    text = server.metrics()
+    return {engine: {name: metric(text, name, engine) for name in (QUERIES, HITS, GENERATED)}
+            for engine in ENGINES}
+
+
+def _settled(server, before: dict, generated: int) -> dict:
+    """Counters once `generated` more tokens are counted (the engine counts after the reply)."""
+    deadline = time.monotonic() + 10
+    while True:
+        now = _counters(server)
+        done = sum(now[e][GENERATED] - before[e][GENERATED] for e in ENGINES)
+        if done >= generated or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
+def _session_id(engine: str, prefix: str) -> str:
+    """A session id that rendezvous hashing sends to `engine`."""
+    return next(f"{prefix}-{i}" for i in range(1000) if pick(f"{prefix}-{i}", ENGINES) == engine)
+
+
+def _converse(server, session: str) -> list[dict]:
+    """The 4 turns of one session; per turn: the engine(s) it ran on and their deltas."""
+    history: list[dict] = []
+    turns = []
+    for text in TURNS:
+        before = _counters(server)
+        result = run_omni(server.grpc_url, text=text, sampling=SAMPLING, session_id=session,
+                          history=history)
+        assert result.error is None, result.error
+        after = _settled(server, before, REPLY_TOKENS)
+        delta = {e: {k: after[e][k] - before[e][k] for k in after[e]} for e in ENGINES}
+        used = [e for e in ENGINES if delta[e][GENERATED] or delta[e][QUERIES]]
+        served = used[0] if len(used) == 1 else None
+        rate = delta[served][HITS] / delta[served][QUERIES] if served else None
+        turns.append({"engines": used, "reported": result.metrics.get("thinker_model"),
+                      "queries": delta[served][QUERIES] if served else None,
+                      "hits": delta[served][HITS] if served else None, "rate": rate})
+        history += [{"role": "user", "content": text},
+                    {"role": "assistant", "content": result.text}]
+    total_q = total_h = 0.0
+    for t in turns:  # the engine's hit rate over the session so far (the counters' ratio)
+        total_q, total_h = total_q + (t["queries"] or 0), total_h + (t["hits"] or 0)
+        t["session_rate"] = total_h / total_q if total_q else None
+    print(f"\nsession {session}: " + "; ".join(
+        f"turn {i + 1}: {t['engines']} hits {t['hits']:.0f}/{t['queries']:.0f} = {t['rate']:.2f}"
+        f" (session {t['session_rate']:.2f})" for i, t in enumerate(turns) if t["rate"] is not None))
+    return turns
+
+
+def _check_locality(turns: list[dict], engine: str) -> None:
+    assert all(t["engines"] == [engine] for t in turns), turns
+    assert all(t["reported"] == engine for t in turns), turns
+    assert turns[0]["rate"] < 0.1, turns  # nothing of this conversation was cached yet
+    for previous, turn in zip(turns, turns[1:]):
+        # at least every full KV block of the previous turn's prompt is found again
+        # (the reply's tokens may not be: its text is tokenized anew in `history`)
+        assert turn["hits"] >= previous["queries"] // BLOCK_SIZE * BLOCK_SIZE, turns
+        assert turn["rate"] > 0.5, turns
+    session = [t["session_rate"] for t in turns]
+    assert all(later > earlier for earlier, later in zip(session, session[1:])), session
+
+
+def test_a_session_stays_on_its_engine_and_its_prefix_cache_hits_rise(server):
+    session = _session_id("llm_a", "conversation")
+    _check_locality(_converse(server, session), "llm_a")
+
+
+def test_another_session_goes_where_rendezvous_hashing_sends_it(server):
+    session = _session_id("llm_b", "other")
+    assert pick(session, ENGINES) == "llm_b"
+    _check_locality(_converse(server, session), "llm_b")
+
+
+def test_requests_without_a_session_go_to_the_least_busy_engine(server):
+    before = _counters(server)
+    long = {"temperature": 0, "max_tokens": 64, "ignore_eos": True}
+    results = [None, None]
+
+    def ask(i: int) -> None:
+        results[i] = run_omni(server.grpc_url, text=f"question {i}", sampling=long)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(r is not None and r.error is None for r in results), results
+    assert sorted(r.metrics["thinker_model"] for r in results) == list(ENGINES)
+    after = _settled(server, before, 2 * 64)
+    assert all(after[e][GENERATED] - before[e][GENERATED] == 64 for e in ENGINES)
+
+
+def test_a_bad_history_is_an_invalid_argument_naming_it(server):
+    stream = OmniStream(server.grpc_url)
+    try:
+        stream.send(omni_inputs("hi", session_id="s", history='[{"role": "system", "content": 1}]'))
+        result = stream.collect(timeout=60)
+    finally:
+        stream.close()
+    assert result.error is not None
+    assert result.error.status() == "StatusCode.INVALID_ARGUMENT", result.error
+    assert result.error.message().startswith("history[0].role: must be one of"), result.error
+    stream = OmniStream(server.grpc_url)
+    try:
+        stream.send(omni_inputs("hi", history="not json"))
+        result = stream.collect(timeout=60)
+    finally:
+        stream.close()
+    assert result.error is not None and "history: invalid JSON" in result.error.message()
+    # and the server keeps serving
+    ok = run_omni(server.grpc_url, text="still there?", sampling=SAMPLING, session_id="s")
+    assert ok.error is None and ok.metrics["thinker_model"] == pick("s", ENGINES)

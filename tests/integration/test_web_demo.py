@@ -1,0 +1,294 @@
+"""The web demo (omni-openai's `/`) in headless Chromium, against the real omni-chat stack.
+
+Debian's chromium and chromium-driver (tools/setup.sh installs them) driven by
+selenium: the page is loaded from the `omni-openai` process of the
+`openai_frontend` fixture, which sits in front of the session's omni-chat
+tritonserver. What the page sends is recorded in the browser (a fetch
+wrapper) and replayed, non-streamed, through the same endpoint: the streamed
+reply on the page must equal the whole completion, and the WAV the page built
+from the streamed PCM chunks must be the whole completion's speech.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import soundfile as sf
+from PIL import Image, ImageDraw
+
+from .omni_io import tone, wav
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "web-demo.png"
+WINDOW = (1100, 800)
+STREAM_TIMEOUT_S = 300  # omni-chat with speech on two CPU cores, the first request warming up
+
+# Records the body of every POST the page makes (the replay below sends the same).
+_RECORD_FETCH = """
+window.__sent = [];
+const original = window.fetch;
+window.fetch = function (url, options) {
+  if (options && options.body) window.__sent.push({url: String(url), body: options.body});
+  return original.apply(this, arguments);
+};
+"""
+
+# The bytes of a blob: URL, as base64 (async script: the callback is the last argument).
+_BLOB_BYTES = """
+const done = arguments[arguments.length - 1];
+fetch(arguments[0]).then((r) => r.arrayBuffer()).then((buf) => {
+  const u = new Uint8Array(buf);
+  let s = "";
+  for (let i = 0; i < u.length; i += 0x8000) s += String.fromCharCode.apply(null, u.subarray(i, i + 0x8000));
+  done(btoa(s));
+}).catch((e) => done("ERROR " + e));
+"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
+        pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} missing (Debian's chromium and chromium-driver; "
+                    "tools/setup.sh installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    # The flags this closed network needs (without them Chromium keeps dialing out, or hangs).
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
+                 f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}"):
+        options.add_argument(flag)
+    log = tmp_path_factory.mktemp("chromedriver") / "chromedriver.log"
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER), log_output=str(log)),
+                              options=options)
+    try:
+        # The viewport itself at WINDOW (--window-size counts the window, not the page).
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": WINDOW[0], "height": WINDOW[1], "deviceScaleFactor": 1,
+                                "mobile": False})
+        driver.set_script_timeout(60)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page(browser, openai_frontend):
+    """The demo freshly loaded, its model list filled, its requests recorded."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{openai_frontend}/")
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script("return document.getElementById('model').dataset.loaded") == "true")
+    browser.execute_script(_RECORD_FETCH)
+    return browser
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+def _by_id(driver, id_: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, id_)
+
+
+def _set(driver, id_: str, value: str) -> None:
+    box = _by_id(driver, id_)
+    box.clear()
+    box.send_keys(value)
+
+
+def _select(driver, id_: str, value: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    Select(_by_id(driver, id_)).select_by_value(value)
+
+
+def _text(driver, id_: str) -> str:
+    return driver.execute_script(f"const e = document.getElementById('{id_}'); "
+                                 "return e ? e.textContent : null")
+
+
+def _wait_finished(driver, timeout: float = STREAM_TIMEOUT_S) -> list[int]:
+    """Wait until #status is done (or error); return #reply's lengths sampled meanwhile."""
+    lengths: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state, length = driver.execute_script(
+            "const r = document.getElementById('reply');"
+            "return [document.getElementById('status').textContent, r ? r.textContent.length : -1]")
+        lengths.append(length)
+        if state in ("done", "error"):
+            return lengths
+        time.sleep(0.05)
+    raise AssertionError(f"the page did not finish in {timeout}s; status {_text(driver, 'status')!r}, "
+                         f"reply {_text(driver, 'reply')!r}")
+
+
+def _sent(driver, path: str) -> list[dict]:
+    return [json.loads(r["body"]) for r in driver.execute_script("return window.__sent")
+            if r["url"].endswith(path)]
+
+
+def _picture() -> bytes:
+    """A small drawn scene (a sun over the sea): the screenshot's attached image."""
+    im = Image.new("RGB", (160, 110), (135, 196, 235))
+    draw = ImageDraw.Draw(im)
+    draw.rectangle((0, 70, 160, 110), fill=(40, 110, 170))
+    draw.ellipse((100, 18, 136, 54), fill=(255, 205, 60))
+    draw.polygon([(20, 78), (60, 78), (44, 58)], fill=(250, 250, 250))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _whole(base_url: str, body: dict) -> dict:
+    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=STREAM_TIMEOUT_S)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _screenshot(driver, *paths: Path) -> None:
+    png = driver.get_screenshot_as_png()
+    assert Image.open(io.BytesIO(png)).size == WINDOW
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+
+
+# --- tests -----------------------------------------------------------------------------
+
+def test_chat_streams_the_reply_and_speaks_it(page, openai_frontend, tmp_path):
+    image_path, audio_path = tmp_path / "beach.png", tmp_path / "hello.wav"
+    image_path.write_bytes(_picture())
+    audio_path.write_bytes(wav(tone(0.8)))
+
+    _select(page, "model", "omni")
+    _set(page, "temperature", "0")
+    _set(page, "seed", "7")
+    _set(page, "max-tokens", "24")
+    _by_id(page, "image-file").send_keys(str(image_path))
+    _by_id(page, "audio-file").send_keys(str(audio_path))
+    _by_id(page, "prompt").send_keys("What do you see and hear?")
+    _by_id(page, "speak").click()
+    _by_id(page, "send").click()
+    lengths = _wait_finished(page)
+
+    assert _text(page, "status") == "done", _text(page, "error")
+    assert _by_id(page, "error").get_attribute("hidden") is not None  # no error shown
+    reply = _text(page, "reply")
+    assert reply.strip()
+    # It streamed: the reply was rendered delta by delta (and never shrank while sampled).
+    deltas = int(_by_id(page, "reply").get_attribute("data-deltas"))
+    assert deltas > 1, f"one text delta only ({reply!r})"
+    seen = [n for n in lengths if n >= 0]
+    assert seen == sorted(seen), seen
+
+    # What the page sent: the OpenAI shape, with the media as parts of the user message.
+    [sent] = _sent(page, "/v1/chat/completions")
+    assert sent["stream"] is True and sent["model"] == "omni"
+    assert sent["temperature"] == 0 and sent["seed"] == 7 and sent["max_tokens"] == 24
+    assert sent["modalities"] == ["text", "audio"] and sent["audio"]["format"] == "pcm16"
+    [user] = sent["messages"]
+    parts = {p["type"]: p for p in user["content"]}
+    assert parts["text"]["text"] == "What do you see and hear?"
+    assert parts["image_url"]["image_url"]["url"] == (
+        "data:image/png;base64," + base64.b64encode(image_path.read_bytes()).decode())
+    assert parts["input_audio"]["input_audio"] == {
+        "data": base64.b64encode(audio_path.read_bytes()).decode(), "format": "wav"}
+
+    # The same request, whole: the same text, and the same speech as the page's WAV.
+    whole = _whole(openai_frontend, {**sent, "stream": False})
+    message = whole["choices"][0]["message"]
+    assert message["audio"]["transcript"] == reply
+    expected = np.frombuffer(base64.b64decode(message["audio"]["data"]), "<i2")  # raw pcm16
+
+    src = _by_id(page, "audio-player").get_attribute("src")
+    assert src and src.startswith("blob:")
+    blob = page.execute_async_script(_BLOB_BYTES, src)
+    assert not blob.startswith("ERROR"), blob
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(blob)), dtype="int16")
+    assert rate == 24000 and samples.ndim == 1 and samples.size > 0
+    assert samples.size == expected.size
+    assert np.abs(samples.astype(np.int32) - expected.astype(np.int32)).max() <= 33  # ~1e-3
+
+    _screenshot(page, SCREENSHOT, tmp_path / "web-demo.png")
+
+
+def test_follow_up_turn_sends_the_conversation(page, openai_frontend):
+    _select(page, "model", "omni")
+    _set(page, "temperature", "0")
+    _set(page, "seed", "3")
+    _set(page, "max-tokens", "6")
+    for prompt in ("hello", "and then?"):
+        _by_id(page, "prompt").send_keys(prompt)
+        _by_id(page, "send").click()
+        _wait_finished(page)
+        assert _text(page, "status") == "done", _text(page, "error")
+
+    first, second = _sent(page, "/v1/chat/completions")
+    replies = page.execute_script(
+        "return [...document.querySelectorAll('.message.assistant .text')].map(e => e.textContent)")
+    assert len(replies) == 2 and all(replies)
+    # earlier turns go back as text
+    assert second["messages"] == [{"role": "user", "content": "hello"},
+                                  {"role": "assistant", "content": replies[0]},
+                                  {"role": "user", "content": "and then?"}]
+    whole = _whole(openai_frontend, {**second, "stream": False})
+    assert whole["choices"][0]["message"]["content"] == _text(page, "reply") == replies[1]
+
+
+def test_image_mode_shows_the_generated_picture(page, openai_frontend):
+    _set(page, "seed", "11")
+    _set(page, "image-size", "64x64")
+    _by_id(page, "prompt").send_keys("a red square")
+    _by_id(page, "generate-image").click()
+    _wait_finished(page)
+    assert _text(page, "status") == "done", _text(page, "error")
+
+    size = page.execute_script(
+        "const i = document.getElementById('generated-image');"
+        "return i && i.complete ? [i.naturalWidth, i.naturalHeight] : null")
+    assert size == [64, 64]
+    [sent] = _sent(page, "/v1/images/generations")
+    assert sent == {"prompt": "a red square", "n": 1, "size": "64x64",
+                    "response_format": "b64_json", "model": "text_to_image", "seed": 11}
+    direct = requests.post(f"{openai_frontend}/v1/images/generations", json=sent, timeout=120)
+    assert direct.status_code == 200, direct.text
+    src = _by_id(page, "generated-image").get_attribute("src")
+    assert src == "data:image/png;base64," + direct.json()["data"][0]["b64_json"]  # seeded
+
+
+def test_errors_from_the_server_are_shown(page, tmp_path):
+    image_path = tmp_path / "beach.png"
+    image_path.write_bytes(_picture())
+    _select(page, "model", "llm")  # a text-only model: the server refuses the image
+    _by_id(page, "image-file").send_keys(str(image_path))
+    _by_id(page, "prompt").send_keys("what is this")
+    _by_id(page, "send").click()
+    _wait_finished(page, timeout=60)
+
+    assert _text(page, "status") == "error"
+    assert "reads text only" in _text(page, "error")
+    assert _by_id(page, "error").is_displayed()
+    assert _text(page, "reply") is None  # no empty assistant bubble is left behind
+
+
+def test_the_demo_is_served_by_omni_openai(openai_frontend):
+    index = requests.get(f"{openai_frontend}/", timeout=10)
+    assert index.status_code == 200 and 'id="send"' in index.text
+    for asset in ("app.js", "style.css"):
+        assert requests.get(f"{openai_frontend}/static/{asset}", timeout=10).status_code == 200

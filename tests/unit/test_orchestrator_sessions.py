@@ -1,0 +1,178 @@
+"""Several thinker engines: session affinity, least-busy routing, and `history` in the prompt."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from omni_serve.contract import LLM, OMNI
+from omni_serve.errors import RequestError, StageFailedError
+from omni_serve.orchestrator.pipeline import Final, OmniPipeline, TextDelta, chat_prompt
+from omni_serve.orchestrator.request import Turn, parse_request
+from omni_serve.orchestrator.routing import pick
+from tests.unit.test_orchestrator import ScriptedStages, config, tensors
+
+ENGINES = ("llm_a", "llm_b")
+
+
+class TwoThinkers(ScriptedStages):
+    """ScriptedStages whose thinker is served by several engines `llm_*` (same answers)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.thinker_calls: list[tuple[str, str]] = []  # (engine, prompt)
+
+    def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+        if model.startswith("llm_"):
+            self.thinker_calls.append((model, inputs[LLM.TEXT_INPUT][0].decode()))
+            if model == self.fail:
+                return super().stream(model, inputs, outputs, request_id=request_id,
+                                      timeout_s=timeout_s)
+            model = "llm"
+        return super().stream(model, inputs, outputs, request_id=request_id, timeout_s=timeout_s)
+
+
+def engines_config(**overrides):
+    return config(stages={"thinker": list(ENGINES)}, codec=None, **overrides)
+
+
+def run_all(pipeline: OmniPipeline, cfg, requests: list[dict]) -> list[list]:
+    """Run requests concurrently; one event list each."""
+    async def main():
+        results = [[] for _ in requests]
+        await asyncio.gather(*(pipeline.run(parse_request(f"r{i}", t, cfg), results[i].append)
+                               for i, t in enumerate(requests)))
+        return results
+    return asyncio.run(main())
+
+
+def history_json(*turns: tuple[str, str]) -> str:
+    return json.dumps([{"role": role, "content": content} for role, content in turns])
+
+
+# --- the prompt ----------------------------------------------------------------------
+
+def test_history_is_rendered_before_the_new_turn():
+    prompt = chat_prompt("SYS", "how are you?", [Turn("user", "hi"), Turn("assistant", "hello!")])
+    assert prompt == ("<|im_start|>system\nSYS<|im_end|>\n"
+                      "<|im_start|>user\nhi<|im_end|>\n"
+                      "<|im_start|>assistant\nhello!<|im_end|>\n"
+                      "<|im_start|>user\nhow are you?<|im_end|>\n<|im_start|>assistant\n")
+    assert chat_prompt("SYS", "x", []) == chat_prompt("SYS", "x")
+
+
+def test_each_turn_extends_the_previous_prompt_and_reply():
+    # what lets the thinker engine's prefix cache hit: turn N starts with turn N-1 + its reply
+    history: list[Turn] = []
+    previous = None
+    for user, reply in (("one", "A"), ("two", "B B"), ("three", "C")):
+        prompt = chat_prompt("SYS", user, history)
+        if previous is not None:
+            assert prompt.startswith(previous)
+        previous = prompt + reply
+        history += [Turn("user", user), Turn("assistant", reply)]
+
+
+# --- request parsing -------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw,field,message", [
+    ("[{", "history", "invalid JSON"),
+    ('{"role": "user", "content": "x"}', "history", "must be a JSON array"),
+    ('["hi"]', "history[0]", "must be an object"),
+    ('[{"role": "system", "content": "x"}]', "history[0].role",
+     "must be one of ['user', 'assistant'], got 'system'"),
+    ('[{"role": "user", "content": "x"}, {"role": "assistant"}]', "history[1].content",
+     "must be a string, got None"),
+    ('[{"role": "user", "content": "x", "name": "bob"}]', "history[0]", "unknown key 'name'"),
+])
+def test_a_bad_history_names_the_field(raw, field, message):
+    with pytest.raises(RequestError) as err:
+        parse_request("r", tensors(**{OMNI.HISTORY: raw.encode()}), engines_config())
+    assert err.value.field == field
+    assert message in err.value.message
+    assert str(err.value).startswith("history")
+
+
+def test_history_and_session_id_are_read():
+    req = parse_request("r", tensors(**{
+        OMNI.HISTORY: history_json(("user", "hi"), ("assistant", "hey")).encode(),
+        OMNI.SESSION_ID: b"conv-1"}), engines_config())
+    assert req.history == (Turn("user", "hi"), Turn("assistant", "hey"))
+    assert req.session_id == "conv-1"
+    assert parse_request("r", tensors(**{OMNI.HISTORY: b"[]", OMNI.SESSION_ID: b" "}),
+                         engines_config()).session_id is None  # empty: no session
+
+
+def test_a_too_long_session_id_is_refused():
+    with pytest.raises(RequestError, match="session_id: is 300 characters"):
+        parse_request("r", tensors(**{OMNI.SESSION_ID: b"x" * 300}), engines_config())
+
+
+# --- config --------------------------------------------------------------------------
+
+def test_the_thinker_role_takes_one_name_or_a_list():
+    assert config(stages={"thinker": "llm"}, codec=None).stages.thinkers == ("llm",)
+    assert engines_config().stages.thinkers == ENGINES
+
+
+@pytest.mark.parametrize("thinker,message", [
+    ([], "name at least one thinker model"),
+    (["llm_a", "llm_a"], "each thinker model may be named once"),
+    (["llm_a", ""], "must not be empty"),
+])
+def test_a_bad_thinker_list_is_refused(thinker, message):
+    with pytest.raises(ValidationError, match=message):
+        config(stages={"thinker": thinker}, codec=None)
+
+
+# --- routing in the pipeline -----------------------------------------------------------
+
+def test_every_turn_of_a_session_reaches_the_same_engine_with_its_history():
+    cfg = engines_config()
+    stages = TwoThinkers(reply_tokens=3, token_delay=0)
+    pipeline = OmniPipeline(cfg, stages)
+    for session, turns in (("alice", 3), ("bob", 2)):
+        history: list[tuple[str, str]] = []
+        for i in range(turns):
+            (events,) = run_all(pipeline, cfg, [tensors(
+                f"turn {i}", **{OMNI.SESSION_ID: session.encode(),
+                                OMNI.HISTORY: history_json(*history).encode()})])
+            final = events[-1]
+            assert isinstance(final, Final)
+            assert final.metrics["thinker_model"] == pick(session, ENGINES)
+            reply = "".join(e.text for e in events if isinstance(e, TextDelta))
+            history += [("user", f"turn {i}"), ("assistant", reply)]
+    assert [engine for engine, _ in stages.thinker_calls] == (
+        [pick("alice", ENGINES)] * 3 + [pick("bob", ENGINES)] * 2)
+    prompts = [prompt for _, prompt in stages.thinker_calls]
+    # alice's third prompt = her second prompt + its reply + the new turn
+    assert prompts[2].startswith(prompts[1] + "w0 w1 w2 <|im_end|>\n<|im_start|>user\nturn 2")
+
+
+def test_requests_without_a_session_spread_over_the_engines():
+    cfg = engines_config()
+    stages = TwoThinkers(reply_tokens=5, token_delay=0.01)
+    results = run_all(OmniPipeline(cfg, stages), cfg, [tensors(f"q{i}") for i in range(4)])
+    assert sorted(r[-1].metrics["thinker_model"] for r in results) == [
+        "llm_a", "llm_a", "llm_b", "llm_b"]
+
+
+def test_a_failing_engine_is_named():
+    cfg = engines_config()
+    session = next(f"s{i}" for i in range(100) if pick(f"s{i}", ENGINES) == "llm_b")
+    stages = TwoThinkers(fail="llm_b")
+    pipeline = OmniPipeline(cfg, stages)
+    with pytest.raises(StageFailedError, match=r"stage 'thinker' \(model llm_b\) failed"):
+        run_all(pipeline, cfg, [tensors("x", **{OMNI.SESSION_ID: session.encode()})])
+    assert pipeline.thinkers.in_flight == {"llm_a": 0, "llm_b": 0}
+
+
+def test_one_thinker_name_still_works():
+    cfg = config(stages={"thinker": "llm"}, codec=None)
+    stages = ScriptedStages(reply_tokens=2, token_delay=0)
+    (events,) = run_all(OmniPipeline(cfg, stages), cfg,
+                        [tensors("hi", **{OMNI.SESSION_ID: b"any"})])
+    assert events[-1].metrics["thinker_model"] == "llm"
+    assert [m for m, _ in stages.calls] == ["llm"]
