@@ -174,7 +174,7 @@ def _screenshot(driver, *paths: Path) -> None:
 def test_chat_streams_the_reply_and_speaks_it(page, openai_frontend, tmp_path):
     image_path, audio_path = tmp_path / "beach.png", tmp_path / "hello.wav"
     image_path.write_bytes(_picture())
-    audio_path.write_bytes(wav(tone(0.8)))
+    audio_path.write_bytes(wav(tone(1.5)))
 
     _select(page, "model", "omni")
     _set(page, "temperature", "0")
@@ -240,6 +240,7 @@ def test_follow_up_turn_sends_the_conversation(page, openai_frontend):
         assert _text(page, "status") == "done", _text(page, "error")
 
     first, second = _sent(page, "/v1/chat/completions")
+    assert first["messages"] == [{"role": "user", "content": "hello"}] and "modalities" not in first
     replies = page.execute_script(
         "return [...document.querySelectorAll('.message.assistant .text')].map(e => e.textContent)")
     assert len(replies) == 2 and all(replies)
@@ -251,7 +252,7 @@ def test_follow_up_turn_sends_the_conversation(page, openai_frontend):
     assert whole["choices"][0]["message"]["content"] == _text(page, "reply") == replies[1]
 
 
-def test_image_mode_shows_the_generated_picture(page, openai_frontend):
+def test_image_mode_shows_the_generated_picture(page, openai_frontend, tmp_path):
     _set(page, "seed", "11")
     _set(page, "image-size", "64x64")
     _by_id(page, "prompt").send_keys("a red square")
@@ -270,6 +271,7 @@ def test_image_mode_shows_the_generated_picture(page, openai_frontend):
     assert direct.status_code == 200, direct.text
     src = _by_id(page, "generated-image").get_attribute("src")
     assert src == "data:image/png;base64," + direct.json()["data"][0]["b64_json"]  # seeded
+    _screenshot(page, tmp_path / "web-demo-image.png")
 
 
 def test_errors_from_the_server_are_shown(page, tmp_path):

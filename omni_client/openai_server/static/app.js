@@ -20,7 +20,7 @@
   const history = [];
   let busy = false;
   let controller = null;
-  let recorded = null; // {dataUrl, name} of a microphone recording
+  let recorded = null; // {dataUrl, blob, name} of a microphone recording
 
   // --- small helpers ---------------------------------------------------------------
 
@@ -132,8 +132,12 @@
     if (audio) {
       const a = document.createElement("audio");
       a.controls = true;
-      a.src = audio.dataUrl;
-      body.appendChild(a);
+      a.preload = "metadata";
+      a.src = URL.createObjectURL(audio.blob); // (Chromium shows no duration for data: audio)
+      const name = document.createElement("div");
+      name.className = "attachment-name";
+      name.textContent = `♪ ${audio.name}`;
+      body.append(a, name);
     }
     scrollDown();
     return wrap;
@@ -302,7 +306,10 @@
     let audio = null;
     try {
       if (imgFile) image = { dataUrl: await readAsDataURL(imgFile), name: imgFile.name };
-      if (audFile) audio = { dataUrl: await readAsDataURL(audFile), name: audFile.name, format: audioFormat(audFile) };
+      if (audFile) {
+        audio = { dataUrl: await readAsDataURL(audFile), blob: audFile, name: audFile.name,
+          format: audioFormat(audFile) };
+      }
       else if (recorded) audio = { ...recorded, format: "wav" };
     } catch (e) {
       showError(`Could not read the attachment: ${e.message || e}`);
@@ -434,6 +441,7 @@
     if (player && player.samples) bits.push(`${(player.samples / SAMPLE_RATE).toFixed(2)} s of speech`);
     if (finish) bits.push(`finish: ${finish}`);
     meta.textContent = bits.join(" · ");
+    scrollDown();
 
     // Earlier turns go back as text: only the newest user message may carry media.
     if (reply) history.push({ role: "user", content: text }, { role: "assistant", content: reply });
@@ -547,7 +555,7 @@
           }
         }
         const blob = new Blob([view.buffer], { type: "audio/wav" });
-        recorded = { dataUrl: await readAsDataURL(blob), name: `recording (${(n / rate).toFixed(1)} s).wav` };
+        recorded = { dataUrl: await readAsDataURL(blob), blob, name: `recording (${(n / rate).toFixed(1)} s).wav` };
         el.audioFile.value = "";
         renderAttachments();
         return;
