@@ -76,12 +76,11 @@ def test_chat_with_audio_out_streamed_and_whole(client):
                                             stream=True)
     for chunk in stream:
         for choice in chunk.choices:
-            delta_audio = getattr(choice.delta, "audio", None) or (choice.delta.model_extra or {}
-                                                                    ).get("audio")
+            delta_audio = choice.delta.audio  # openai's ChoiceDeltaAudio
             if delta_audio:
-                transcript.append(delta_audio.get("transcript") or "")
-                if delta_audio.get("data"):
-                    pcm.append(np.frombuffer(base64.b64decode(delta_audio["data"]), "<i2"))
+                transcript.append(getattr(delta_audio, "transcript", None) or "")
+                if getattr(delta_audio, "data", None):
+                    pcm.append(np.frombuffer(base64.b64decode(delta_audio.data), "<i2"))
     assert len(pcm) > 1  # audio arrived in several chunks
     assert "".join(transcript) == audio.transcript
     streamed = np.concatenate(pcm).astype(np.float32) / 32767.0
