@@ -79,6 +79,8 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
                    sampling_parameters: Mapping[str, Any] | None = None,
                    max_tokens: int | None = None, temperature: float | None = None,
                    speaker: str | None = None, seed: int | None = None, task: str | None = None,
+                   session_id: str | None = None,
+                   history: Sequence[Mapping[str, str]] | None = None,
                    inputs: Mapping[str, Any] | None = None) -> Prepared:
     """The request `stream()` sends to `model` (whose Triton config is `config`).
 
@@ -92,11 +94,12 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
     if kind == "omni":
         tensors = io.omni_inputs(
             text, modalities=modalities, sampling_parameters=sampling, speaker=speaker, seed=seed,
-            task=task, extra=inputs,
+            task=task, session_id=session_id, history=history, extra=inputs,
             image=None if image is None else image_bytes(image),
             audio=None if audio is None else audio_bytes(audio, sample_rate=audio_sample_rate))
         return Prepared(model, tensors, io.omni_outputs(), unary=False, parse=io.parse_omni)
-    extras = {"image": image, "audio": audio, "speaker": speaker, "task": task, "inputs": inputs}
+    extras = {"image": image, "audio": audio, "speaker": speaker, "task": task, "inputs": inputs,
+              "session_id": session_id, "history": history}
     if kind == "llm":
         _refuse(model, kind, {**extras, "seed": seed}, modalities, allowed=("text",))
         deltas: list[TextDelta] = []

@@ -73,6 +73,8 @@ def omni_inputs(
     speaker: str | None = None,
     seed: int | None = None,
     task: str | None = None,
+    session_id: str | None = None,
+    history: Sequence[Mapping[str, str]] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> list[grpcclient.InferInput]:
     """Input tensors of one request to an omni orchestrator.
@@ -99,6 +101,8 @@ def omni_inputs(
         OMNI.SPEAKER: speaker,
         OMNI.SEED: seed,
         OMNI.TASK: task,
+        OMNI.SESSION_ID: session_id,
+        OMNI.HISTORY: None if history is None else _history_json(history),
     }
     known = {spec.name for spec in OMNI_CONTRACT.inputs}
     for name, value in (extra or {}).items():
@@ -106,6 +110,13 @@ def omni_inputs(
             raise BadRequestError(f"unknown omni input {name!r}; the contract has {sorted(known)}")
         values[name] = value
     return _tensors(OMNI_CONTRACT, values)
+
+
+def _history_json(history: Sequence[Mapping[str, str]]) -> str:
+    if isinstance(history, str | bytes) or not all(isinstance(t, Mapping) for t in history):
+        raise BadRequestError("history must be a list of {'role': 'user'|'assistant', "
+                              "'content': str} turns")
+    return json.dumps([dict(turn) for turn in history])
 
 
 def omni_outputs() -> list[grpcclient.InferRequestedOutput]:

@@ -120,6 +120,8 @@ class AsyncOmniClient:
                      sampling_parameters: Mapping[str, Any] | None = None,
                      max_tokens: int | None = None, temperature: float | None = None,
                      speaker: str | None = None, seed: int | None = None, task: str | None = None,
+                     session_id: str | None = None,
+                     history: Sequence[Mapping[str, str]] | None = None,
                      inputs: Mapping[str, Any] | None = None, timeout: float | None = -1.0,
                      request_id: str | None = None) -> AsyncIterator[Event]:
         """Run one request on any entry model, yielding events; see OmniClient.stream.
@@ -133,7 +135,8 @@ class AsyncOmniClient:
             name, await self._config(name), text, image=image, audio=audio,
             audio_sample_rate=audio_sample_rate, modalities=modalities,
             sampling_parameters=sampling_parameters, max_tokens=max_tokens,
-            temperature=temperature, speaker=speaker, seed=seed, task=task, inputs=inputs)
+            temperature=temperature, speaker=speaker, seed=seed, task=task,
+            session_id=session_id, history=history, inputs=inputs)
         if prepared.unary:
             result = await self._unary(prepared, wait_s)
             for event in prepared.parse(result):

@@ -287,11 +287,16 @@ def run_chat(client: OmniClient, args: argparse.Namespace, out: TextIO, err: Tex
                 progress.update(f"audio: {audio_s:.1f} s received")
             elif isinstance(event, ImageOutput):
                 progress.update("image received")
+    except BaseException:
+        if first_token_s is not None:  # end the partial reply's line before the error
+            out.write("\n")
+        raise
+    else:
+        out.write("\n")
     finally:
         stream.close()
         progress.clear()
-    out.write("\n")
-    out.flush()
+        out.flush()
     result = ChatResult.from_events(events)
     total_s = time.monotonic() - started
     notes = []

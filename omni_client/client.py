@@ -275,7 +275,9 @@ class OmniClient:
                modalities: Sequence[str] | None = None,
                sampling_parameters: Mapping[str, Any] | None = None, max_tokens: int | None = None,
                temperature: float | None = None, speaker: str | None = None, seed: int | None = None,
-               task: str | None = None, inputs: Mapping[str, Any] | None = None,
+               task: str | None = None, session_id: str | None = None,
+               history: Sequence[Mapping[str, str]] | None = None,
+               inputs: Mapping[str, Any] | None = None,
                timeout: Timeout = _CLIENT_TIMEOUT, request_id: str | None = None) -> Iterator[Event]:
         """Run one request on any entry model, yielding events as they arrive.
 
@@ -296,6 +298,9 @@ class OmniClient:
                 `max_tokens` and `temperature` override the same keys.
             speaker: voice of the speech output; seed: of the generators.
             task: "chat" (default) or "speech" (read `text` aloud).
+            session_id: omni pipelines with several thinker engines send a
+                session's requests to the same one (its prefix cache hits).
+            history: earlier turns, [{"role": "user"|"assistant", "content": str}].
             inputs: further inputs of the omni contract by name.
             timeout: seconds to wait for each response (None: forever).
             request_id: Triton request id (default: random).
@@ -317,7 +322,8 @@ class OmniClient:
             name, self._config(name, wait_s), text, image=image, audio=audio,
             audio_sample_rate=audio_sample_rate, modalities=modalities,
             sampling_parameters=sampling_parameters, max_tokens=max_tokens,
-            temperature=temperature, speaker=speaker, seed=seed, task=task, inputs=inputs)
+            temperature=temperature, speaker=speaker, seed=seed, task=task,
+            session_id=session_id, history=history, inputs=inputs)
         return self._events(prepared, wait_s, request_id)
 
     def chat(self, text: str, **kwargs: Any) -> ChatResult:

@@ -173,21 +173,9 @@ class ChatResult:
         sf.write(os.fspath(path), self.audio, self.sample_rate)
 
 
-@dataclass(eq=False)
-class SpeechResult:
-    """Text read aloud (`OmniClient.speech`).
-
-    Attributes:
-        samples: mono float32 PCM in [-1, 1].
-        sample_rate: samples per second.
-    """
-
-    samples: np.ndarray
-    sample_rate: int
-
-    @property
-    def duration_s(self) -> float:
-        return self.samples.size / self.sample_rate
+@dataclass(frozen=True, eq=False)
+class SpeechResult(AudioChunk):
+    """Text read aloud (`OmniClient.speech`): all of its audio as one chunk."""
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the audio to `path` (format from the suffix: .wav, .flac, .ogg)."""

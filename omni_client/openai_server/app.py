@@ -41,7 +41,6 @@ from omni_client.errors import (
 from omni_client.media import encode_audio
 from omni_client.openai_server import protocol as p
 from omni_client.types import AudioChunk, Event, Final, TextDelta, Usage
-from omni_serve.contract import OMNI
 
 log = logging.getLogger("omni_openai")
 
@@ -271,7 +270,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
                 turn.text, model=info.name, image=turn.image, audio=turn.audio,
                 modalities=["text", "audio"] if audio else ["text"],
                 sampling_parameters=body.sampling_parameters(),
-                speaker=body.audio.voice if audio else None, seed=body.seed, inputs=inputs)
+                speaker=body.audio.voice if audio else None, seed=body.seed, **inputs)
         else:
             if audio:
                 raise p.OpenAIError(400, f"model {info.name!r} produces text only; use an omni "
@@ -343,19 +342,9 @@ async def _triton_live(front: Frontend) -> bool:
 
 
 def _omni_context(body: p.ChatRequest) -> dict[str, Any]:
-    """The omni inputs beyond the last user turn: earlier turns and the session id."""
-    inputs: dict[str, Any] = {}
+    """The omni inputs beyond the last user turn: earlier turns and the session id (`user`)."""
     turns = p.history(body.messages, allow_system=False)
-    history_input = getattr(OMNI, "HISTORY", None)
-    if turns:
-        if history_input is None:
-            raise p.OpenAIError(400, "this server's omni pipelines take one user message",
-                                param="messages")
-        inputs[history_input] = json.dumps(turns)
-    session_input = getattr(OMNI, "SESSION_ID", None)
-    if body.user and session_input is not None:
-        inputs[session_input] = body.user
-    return inputs
+    return {"history": turns or None, "session_id": body.user}
 
 
 async def _chat_stream(completion: _Completion, first: list[Event], rest: AsyncIterator[Event],

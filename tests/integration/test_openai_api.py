@@ -204,3 +204,20 @@ def test_health_metrics_and_a_dead_triton(openai_frontend, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as health:
             urllib.request.urlopen(f"{dead.base_url}/health")
         assert health.value.code == 503
+
+
+def test_earlier_turns_reach_the_thinker_and_system_is_refused(client):
+    first = client.chat.completions.create(model="omni", messages=_user("hello"), max_tokens=8,
+                                           **GREEDY)
+    turns = [{"role": "user", "content": "hello"},
+             {"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "and then?"}]
+    second = client.chat.completions.create(model="omni", messages=turns, max_tokens=8,
+                                            user="session-1", **GREEDY)
+    # the whole conversation was in the thinker's prompt
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 8
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="omni", max_tokens=2,
+            messages=[{"role": "system", "content": "be brief"}, *turns])
+    assert info.value.body["param"] == "messages[0].role"
