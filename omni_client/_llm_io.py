@@ -21,8 +21,6 @@ from omni_serve.contract import LLM, LLM_CONTRACT, TensorSpec
 # Triton protocol parameter (not a tensor) set on a decoupled model's last
 # response when the request asks for enable_empty_final_response.
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
-# Request parameter asking for that flag, even on an output-less last response.
-ENABLE_EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
 
 
 # --- request ---------------------------------------------------------------------

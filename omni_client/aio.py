@@ -15,32 +15,23 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
-import grpc
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import InferenceServerException
 
-from omni_client import _calls, _llm_io
+from omni_client import _calls
 from omni_client._calls import ModelInfo, Prepared
+from omni_client._grpc_stream import StreamError, stream_request
 from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
 from omni_client.media import AudioInput, ImageInput
 from omni_client.types import ChatResult, Event, ImageOutput, SpeechResult
 
 logger = logging.getLogger(__name__)
 
-_STRICT_ERRORS = (("triton_grpc_error", "true"),)
-
-
 def _check_timeout(timeout: float | None) -> float | None:
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     return timeout
-
-
-def _rpc_error(exc: grpc.aio.AioRpcError) -> OmniClientError:
-    cause = InferenceServerException(msg=exc.details() or str(exc), status=str(exc.code()))
-    return from_triton(cause)
 
 
 class AsyncOmniClient:
@@ -130,7 +121,7 @@ class AsyncOmniClient:
         OmniClient.stream raises.
         """
         wait_s = self.timeout if timeout == -1.0 else _check_timeout(timeout)
-        name = model or await self._default_model("omni", "llm")
+        name = model or await self._default_model("omni", "llm", "image")
         prepared = _calls.prepare_stream(
             name, await self._config(name), text, image=image, audio=audio,
             audio_sample_rate=audio_sample_rate, modalities=modalities,
@@ -179,10 +170,10 @@ class AsyncOmniClient:
         return self._configs[model]
 
     async def _default_model(self, *kinds: str) -> str:
-        models = await self.list_models()
+        models = await self.list_models()  # one index request, whatever the kinds
         for kind in kinds:
             for info in models:
-                if info.kind == kind:
+                if info.kind == kind and not info.internal:
                     return info.name
         return self.model
 
@@ -213,44 +204,15 @@ class AsyncOmniClient:
         if self._closed:
             raise OmniClientError("AsyncOmniClient is closed")
         request_id = request_id or uuid.uuid4().hex
-        request = _get_inference_request(
-            model_name=prepared.model, inputs=prepared.inputs, model_version="",
-            request_id=request_id, outputs=prepared.outputs, sequence_id=0, sequence_start=False,
-            sequence_end=False, priority=0, timeout=None, parameters=None)
-        request.parameters[_llm_io.ENABLE_EMPTY_FINAL_PARAMETER].bool_param = True
-        done = asyncio.Event()
-
-        async def requests():
-            yield request
-            await done.wait()  # the stream stays open until the request is complete
-
-        call = self._client._client_stub.ModelStreamInfer(requests(), metadata=_STRICT_ERRORS)
-        finished = False
         try:
-            while True:
-                try:
-                    response = await asyncio.wait_for(call.read(), wait_s)
-                except TimeoutError:
-                    raise RequestTimeoutError(
-                        f"no response from model {prepared.model!r} within {wait_s}s "
-                        f"(request id {request_id})") from None
-                except grpc.aio.AioRpcError as exc:
-                    finished = True
-                    raise _rpc_error(exc) from exc
-                if response is grpc.aio.EOF:
-                    finished = True
-                    return
-                if response.error_message:
-                    finished = True
-                    cause = InferenceServerException(msg=response.error_message)
-                    raise from_triton(cause) from cause
-                result = grpcclient.InferResult(response.infer_response)
+            async for result in stream_request(self._client, prepared.model, prepared.inputs,
+                                               prepared.outputs, request_id=request_id,
+                                               timeout_s=wait_s):
                 yield result
-                if _llm_io.is_final(result):
-                    finished = True
-                    return
-        finally:
-            done.set()
-            if not finished:
-                logger.debug("model=%s request_id=%s cancelling", prepared.model, request_id)
-                call.cancel()
+        except TimeoutError:
+            raise RequestTimeoutError(f"no response from model {prepared.model!r} within "
+                                      f"{wait_s}s (request id {request_id})") from None
+        except StreamError as exc:
+            status = None if exc.code is None else f"StatusCode.{exc.code}"
+            cause = InferenceServerException(msg=exc.message, status=status)
+            raise from_triton(cause) from exc

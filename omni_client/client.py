@@ -317,7 +317,7 @@ class OmniClient:
             OmniClientError: the client is closed.
         """
         wait_s = self._resolve_timeout(timeout)
-        name = model or self._default_model("omni", "llm")
+        name = model or self._default_model("omni", "llm", "image")
         prepared = _calls.prepare_stream(
             name, self._config(name, wait_s), text, image=image, audio=audio,
             audio_sample_rate=audio_sample_rate, modalities=modalities,
@@ -402,9 +402,10 @@ class OmniClient:
         return config
 
     def _default_model(self, *kinds: str) -> str:
+        models = self.list_models()  # one index request, whatever the kinds
         for kind in kinds:
-            for info in self.list_models():
-                if info.kind == kind:
+            for info in models:
+                if info.kind == kind and not info.internal:
                     return info.name
         return self.model
 

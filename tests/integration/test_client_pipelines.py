@@ -101,8 +101,8 @@ def test_list_models_gives_the_entry_models_and_their_kinds(omni_chat_server):
 def test_speech_grows_with_the_text(omni_chat_server):
     short = "Hello there, friend."
     long = ("The quick brown fox jumps over the lazy dog while the patient farmer walks "
-            "slowly home across the green hills, carrying apples, bread and a small bottle "
-            "of fresh milk for supper tonight.")
+            "slowly home across the green hills, carrying apples and bread for supper with "
+            "his old friend.")
     assert len(short.split()) == 3 and len(long.split()) == 30
     with OmniClient(omni_chat_server.grpc_url) as client:
         little = client.speech(short, seed=1)

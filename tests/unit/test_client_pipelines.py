@@ -982,7 +982,7 @@ def test_cli_a_failure_mid_stream_keeps_the_text_and_reports_the_error(fake_clie
 
     code, out, err = run_cli("chat", "hi", "--audio-out", str(tmp_path / "r.wav"))
 
-    assert code == 2 and out == "partial"
+    assert code == 2 and out == "partial\n"
     assert err == "error: speaker: unknown voice 'Nobody'\n"
     assert not (tmp_path / "r.wav").exists()
 

@@ -1,0 +1,89 @@
+"""One request on one Triton gRPC bi-directional stream, for asyncio callers.
+
+Runs in the caller's event loop: AsyncOmniClient uses it, and so does the
+omni orchestrator to call its stages. The request is written once and the
+stream stays open until the response flagged `triton_final_response`
+arrives; leaving early (an error, a timeout, the caller closing the
+generator or its task being cancelled) cancels the gRPC call, which makes
+Triton cancel the request (a stage such as omni_llm then aborts it).
+
+tritonclient's own `stream_infer` is not used because closing it does not
+cancel the call at once, and its errors lose their gRPC code.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc._utils import _get_inference_request
+
+# Request parameter asking Triton to flag the last response, even an output-less one.
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
+# Stream header (Triton >= 24.09): an error response closes the stream with its gRPC code.
+STRICT_ERRORS = (("triton_grpc_error", "true"),)
+
+
+class StreamError(Exception):
+    """The stream failed: `code` is the gRPC status name ("INVALID_ARGUMENT", ...), or
+    None for an in-band error message (no code was sent)."""
+
+    def __init__(self, code: str | None, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def is_final(result: grpcclient.InferResult) -> bool:
+    final = result.get_response().parameters.get(FINAL)
+    return final is not None and final.bool_param
+
+
+async def stream_request(client: grpcaio.InferenceServerClient, model: str,
+                         inputs: Sequence[grpcclient.InferInput],
+                         outputs: Sequence[grpcclient.InferRequestedOutput], *, request_id: str,
+                         timeout_s: float | None) -> AsyncIterator[grpcclient.InferResult]:
+    """Yield the responses of one request until (and including) its final one.
+
+    Raises:
+        TimeoutError: no response within `timeout_s` (the call is cancelled).
+        StreamError: the server or the transport failed the request.
+    """
+    request = _get_inference_request(
+        model_name=model, inputs=list(inputs), model_version="", request_id=request_id,
+        outputs=list(outputs), sequence_id=0, sequence_start=False, sequence_end=False,
+        priority=0, timeout=None, parameters=None)
+    request.parameters[ENABLE_EMPTY_FINAL].bool_param = True
+    done = asyncio.Event()
+
+    async def requests():
+        yield request
+        await done.wait()  # the stream stays open until the request is complete
+
+    call = client._client_stub.ModelStreamInfer(requests(), metadata=STRICT_ERRORS)
+    finished = False
+    try:
+        while True:
+            try:
+                response = await asyncio.wait_for(call.read(), timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                finished = True
+                raise StreamError(exc.code().name, exc.details() or str(exc)) from None
+            if response is grpc.aio.EOF:
+                finished = True
+                return
+            if response.error_message:
+                finished = True
+                raise StreamError(None, response.error_message)
+            result = grpcclient.InferResult(response.infer_response)
+            yield result
+            if is_final(result):
+                finished = True
+                return
+    finally:
+        done.set()
+        if not finished:
+            call.cancel()
