@@ -72,7 +72,7 @@ def server(tmp_path_factory):
     subprocess.run([str(cli), str(root / "spec.yaml"), "-o", str(root / "repo")], check=True,
                    timeout=600)
     triton = TritonServer(root / "repo", log_path=root / "tritonserver.log")
-    triton.start(timeout=600)  # two vLLM engines on a busy 2-core machine take a while
+    triton.start()
     try:
         yield triton
     finally:

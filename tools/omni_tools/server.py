@@ -85,12 +85,33 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def start(self, timeout: float = 600.0) -> TritonServer:
+    def start(self, timeout: float = 300.0, attempts: int = 2) -> TritonServer:
+        """Start and wait until every model is ready and the endpoints answer.
+
+        A start that fails is tried again (up to `attempts` in all) on fresh
+        ports: Triton binds its ports only after loading every model, so on a
+        busy machine another process can take a port picked minutes earlier,
+        and on an overloaded one a vLLM engine's start has been seen to stall.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except (RuntimeError, TimeoutError) as e:
+                if attempt == attempts:
+                    raise
+                log.warning("tritonserver start %d/%d failed (%s); retrying on new ports",
+                            attempt, attempts, str(e).splitlines()[0])
+                picked = iter(free_ports(3))
+                self.http_port, self.grpc_port, self.metrics_port = (
+                    next(picked), next(picked), next(picked))
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> TritonServer:
         cmd = [tritonserver_bin(), f"--model-repository={self.repository}",
                f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                f"--metrics-port={self.metrics_port}", "--allow-metrics=true",
                *self.extra_args]
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                      env={**os.environ, **self.env}, start_new_session=True)
         try:
