@@ -101,7 +101,9 @@ def level(url: str, model: str, concurrency: int, n: int, max_tokens: int, audio
     wall = time.perf_counter() - t0
     ttfa = [r["ttfa"] for r in rows]
     total = [r["total"] for r in rows]
-    thinker = [r["metrics"].get("stage_seconds", {}).get("thinker", np.nan) for r in rows]
+    stages = {role: float(np.median([r["metrics"].get("stage_seconds", {}).get(role, np.nan)
+                                     for r in rows]))
+              for role in ("audio_encoder", "thinker", "talker", "audio_decoder")}
     return {"requests_s": n / wall, "ttfa_p50": float(np.median(ttfa)),
             "total_p50": float(np.median(total)),
             "ttfa_over_total_p50": float(np.median([a / b for a, b in zip(ttfa, total)])),
@@ -109,7 +111,7 @@ def level(url: str, model: str, concurrency: int, n: int, max_tokens: int, audio
             "audio_s_mean": float(np.mean([r["audio_s"] for r in rows])),
             "ttfa_p99": float(np.percentile(ttfa, 99)), "total_p99": float(np.percentile(total, 99)),
             "ttft_p99": float(np.percentile([r["ttft"] for r in rows], 99)),
-            "thinker_s_p50": float(np.median(thinker))}
+            **{f"{role}_s_p50": seconds for role, seconds in stages.items()}}
 
 
 def main(argv=None) -> int:

@@ -10,13 +10,17 @@ Rounds alternate the order (one, split | split, one | ...); a side that runs
 twice in a row keeps its servers. Per visit:
   load   speech requests (text + 1 s WAV in, text + speech out) at --concurrency:
          requests/s, p50/p99 of total, first text and first audio (bench_omni's
-         client), and the thinker's seconds from each request's `metrics` JSON;
-  image  image + text requests one at a time (text out): the thinker's seconds
-         and the total, through `omni` (split: mm_embeds in system shared
-         memory) and, on the split side, `omni_grpc` (mm_embeds inline);
+         client), each stage's seconds from the requests' `metrics` JSON, and
+         CPU-seconds per request of all the side's processes;
+  image  image + text requests one at a time (text out): the thinker's seconds,
+         first text and total, through `omni` (split: mm_embeds in system
+         shared memory) and, on the split side, `omni_grpc` (mm_embeds inline),
+         the two taking turns;
   hop    the orchestrator's own GrpcStageClient from this process, one small
-         llm call (1 token) at a time against the server that has `llm`, with
-         0 / --rows placeholder rows of mm_embeds, inline vs shared memory.
+         llm call (1 token) at a time against the server that has `llm`:
+         text only, --rows rows of mm_embeds, and --big-rows x --big-hidden
+         (a real model's image; the tiny stage refuses it after it crossed),
+         each inline and in system shared memory.
 Figures are reported as ratios against the one-server side of the same run.
 
     .venv/bin/python tools/bench_split.py     # -> docs/benchmarks/omni_split.json
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_llm import cores_used, cpu_snapshot
 from bench_omni import _wav, level, one_request
 
 SIDES = ("one", "split")
@@ -57,17 +62,32 @@ def split_spec(data: dict) -> dict:
 @contextlib.contextmanager
 def serving(side: str, repo: Path, logs: Path):
     """Start the side's server(s); yields (entry server's gRPC URL, llm server's gRPC URL)."""
-    from omni_tools.server import TritonServer
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omni_tools.server import TritonServer, free_ports
 
     if side == "one":
         with TritonServer(repo, log_path=logs / "one.log") as server:
             yield server.grpc_url, server.grpc_url
         return
-    with TritonServer(repo / "engine", log_path=logs / "engine.log") as engine:
-        front = TritonServer(repo / "front", log_path=logs / "front.log",
-                             env={"OMNI_SERVER_ENGINE_URL": engine.grpc_url})
-        with front:
-            yield front.grpc_url, engine.grpc_url
+    ports = free_ports(6)  # both servers start at once: their ports must differ
+    engine = TritonServer(repo / "engine", http_port=ports[0], grpc_port=ports[1],
+                          metrics_port=ports[2], log_path=logs / "engine.log")
+    front = TritonServer(repo / "front", http_port=ports[3], grpc_port=ports[4],
+                         metrics_port=ports[5], log_path=logs / "front.log",
+                         env={"OMNI_SERVER_ENGINE_URL": engine.grpc_url})
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for started in [pool.submit(engine.start), pool.submit(front.start)]:
+                started.result()
+        if front.env["OMNI_SERVER_ENGINE_URL"] != engine.grpc_url:  # a retry took new ports
+            front.stop()
+            front.env["OMNI_SERVER_ENGINE_URL"] = engine.grpc_url
+            front.start()
+        yield front.grpc_url, engine.grpc_url
+    finally:
+        front.stop()
+        engine.stop()
 
 
 def _png(side: int) -> bytes:
@@ -81,14 +101,20 @@ def _png(side: int) -> bytes:
     return buf.getvalue()
 
 
-def images(url: str, model: str, n: int, image: bytes) -> dict:
-    """`n` image + text requests one at a time: thinker seconds and total (p50)."""
-    rows = [one_request(url, model, i, 8, None, image=image, modalities=("text",))
-            for i in range(n)]
-    return {"thinker_s_p50": float(np.median([r["metrics"]["stage_seconds"]["thinker"]
-                                              for r in rows])),
-            "ttft_p50": float(np.median([r["ttft"] for r in rows])),
-            "total_p50": float(np.median([r["total"] for r in rows]))}
+def images(url: str, models: list[str], n: int, image: bytes) -> dict:
+    """Image + text requests one at a time, the entry models taking turns (after one warm-up
+    each): per model the thinker's seconds, first text and total (p50)."""
+    rows: dict[str, list] = {m: [] for m in models}
+    for i in range(n + 1):
+        for model in models:
+            r = one_request(url, model, i, 8, None, image=image, modalities=("text",))
+            if i:
+                rows[model].append(r)
+    return {m: {"thinker_s_p50": float(np.median([r["metrics"]["stage_seconds"]["thinker"]
+                                                   for r in rs])),
+                "ttft_p50": float(np.median([r["ttft"] for r in rs])),
+                "total_p50": float(np.median([r["total"] for r in rs]))}
+            for m, rs in rows.items()}
 
 
 async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
@@ -132,14 +158,18 @@ async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
     return float(np.median(times))
 
 
+_LOOP = asyncio.new_event_loop()  # one loop for the process: grpc.aio stays bound to it
+
+
 def hop(url: str, args, hidden: int) -> dict:
     """One small llm call at a time: text only, --rows real rows, --big-rows x --big-hidden."""
     n = args.hop_calls
-    out = {"text_only_s": asyncio.run(_hop(url, n, 0, hidden, "none"))}
+    out = {"text_only_s": _LOOP.run_until_complete(_hop(url, n, 0, hidden, "none"))}
     for name, rows, width in (("rows", args.rows, hidden), ("big", args.big_rows, args.big_hidden)):
         for shm in ("none", "system"):
             key = f"{name}_{'shm' if shm == 'system' else 'inline'}_s"
-            out[key] = asyncio.run(_hop(url, n, rows, width, shm, refused=width != hidden))
+            out[key] = _LOOP.run_until_complete(
+                _hop(url, n, rows, width, shm, refused=width != hidden))
     return out
 
 
@@ -159,17 +189,25 @@ def encoder_rows(url: str, image: bytes) -> tuple[int, int]:
 def visit(side: str, urls: tuple[str, str], args, audio: bytes, image: bytes, hidden: int) -> dict:
     entry, llm = urls
     level(entry, "omni", 2, 2, 8, audio)  # warm-up
-    out = {"load": level(entry, "omni", args.concurrency, args.requests, args.max_tokens, audio),
-           "image": {"omni": images(entry, "omni", args.image_requests, image)}}
-    if side == "split":
-        out["image"][NO_SHM] = images(entry, NO_SHM, args.image_requests, image)
+    before, t0 = cpu_snapshot(), time.perf_counter()
+    out = {"load": level(entry, "omni", args.concurrency, args.requests, args.max_tokens, audio)}
+    # CPU-seconds per wall-second of every process of the side (and this client)
+    out["load_cores"] = cores_used(before, cpu_snapshot(), time.perf_counter() - t0)
+    out["load"]["cpu_s_per_request"] = sum(out["load_cores"].values()) / out["load"]["requests_s"]
+    out["image"] = images(entry, ["omni", NO_SHM] if side == "split" else ["omni"],
+                          args.image_requests, image)
     out["hop"] = hop(llm, args, hidden)
     return out
 
 
 def _mean(rows: list[dict]) -> dict:
-    return {k: (_mean([r[k] for r in rows]) if isinstance(rows[0][k], dict)
-                else float(np.mean([r[k] for r in rows]))) for k in rows[0]}
+    """Key by key mean of `rows` (nested dicts alike; a missing number counts as 0)."""
+    out: dict = {}
+    for k in dict.fromkeys(k for r in rows for k in r):
+        present = [r[k] for r in rows if k in r]
+        out[k] = (_mean(present) if isinstance(present[0], dict)
+                  else float(np.mean([r.get(k, 0.0) for r in rows])))
+    return out
 
 
 def summarize(runs: dict) -> dict:
@@ -199,7 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--image-requests", type=int, default=6, help="image requests per entry model")
     ap.add_argument("--image-side", type=int, default=448, help="px of the square test image")
-    ap.add_argument("--hop-calls", type=int, default=12)
+    ap.add_argument("--hop-calls", type=int, default=20)
     ap.add_argument("--rows", type=int, default=1024,
                     help="mm_embeds rows (of the thinker's width) of the hop calls")
     ap.add_argument("--big-rows", type=int, default=1200,
@@ -246,7 +284,8 @@ def main(argv=None) -> int:
                       f"{ld['total_p50']:.2f}/{ld['total_p99']:.2f}s  first audio p50/p99 "
                       f"{ld['ttfa_p50']:.2f}/{ld['ttfa_p99']:.2f}s  first text p50/p99 "
                       f"{ld['ttft_p50']:.3f}/{ld['ttft_p99']:.3f}s  thinker p50 "
-                      f"{ld['thinker_s_p50']:.2f}s | image {json.dumps(r['image'])} | "
+                      f"{ld['thinker_s_p50']:.2f}s  CPU {ld['cpu_s_per_request']:.2f} s/request | "
+                      f"image {json.dumps(r['image'])} | "
                       f"hop {json.dumps(r['hop'])}", flush=True)
         finally:
             stack.close()

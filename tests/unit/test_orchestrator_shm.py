@@ -338,3 +338,25 @@ def test_a_failed_registration_is_an_error_when_shared_memory_was_asked_for(mode
 def test_region_names_are_unique_per_process_and_call():
     a, b = ShmRegions(), ShmRegions()
     assert a.prefix != b.prefix and a.prefix.startswith(SHM_PREFIX)
+
+
+def test_a_region_this_host_cannot_create_sends_that_call_inline(monkeypatch):
+    import tritonclient.utils.shared_memory as shm
+
+    def full(*args, **kwargs):
+        raise shm.SharedMemoryException("unable to create the shared memory region")
+
+    server = FakeServer()
+    client = client_for(server, "auto")
+    monkeypatch.setattr(shm, "create_shared_memory_region", full)
+
+    async def go():
+        inputs, region = await client._place({LLM.MM_EMBEDS: EMBEDS})
+        assert region is None and inputs[0]._get_content() == EMBEDS.tobytes()
+        assert client.shm is not None  # only this call: the next one tries again
+        client.shm_mode = "system"
+        with pytest.raises(StageCallError, match="system shared memory for 127.0.0.1:8001"):
+            await client._place({LLM.MM_EMBEDS: EMBEDS})
+
+    asyncio.run(go())
+    assert server.register_calls == []

@@ -305,9 +305,17 @@ class GrpcStageClient:
         if not offsets:
             return self._inputs(inputs), None
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+        from tritonclient.utils.shared_memory import SharedMemoryException  # noqa: PLC0415
 
         try:
             region = await self.shm.place(self._connect(), inputs, offsets, size)
+        except SharedMemoryException as e:  # this host's side, e.g. /dev/shm is full
+            if self.shm_mode == "system":
+                raise StageCallError("INTERNAL", f"system shared memory for {self.url}: "
+                                                 f"{e} ({e.__cause__})") from e
+            log.warning("no system shared memory for this call to %s (%s: %s); sending its "
+                        "inputs over gRPC", self.url, e, e.__cause__)
+            return self._inputs(inputs), None
         except InferenceServerException as e:
             code = _exc_code(e)
             if self.shm_mode == "system" or code == "UNAVAILABLE":
