@@ -39,7 +39,6 @@ _WIRE = {np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.in
 _STATUS = {"INVALID_ARGUMENT": "INVALID_ARG", "UNAVAILABLE": "UNAVAILABLE",
            "NOT_FOUND": "UNAVAILABLE", "CANCELLED": "CANCELLED",
            "DEADLINE_EXCEEDED": "UNAVAILABLE"}
-_STRICT_ERRORS = (("triton_grpc_error", "true"),)
 
 
 def local_grpc_url(parent_pid: int | None = None) -> str:
@@ -74,10 +73,6 @@ def grpc_url_from_args(argv: Sequence[str]) -> str:
     host = opts.get("grpc-address", "0.0.0.0")
     host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
     return f"{host}:{opts.get('grpc-port', '8001')}"
-
-
-def _code(status) -> str:
-    return _STATUS.get(getattr(status, "name", str(status)), "INTERNAL")
 
 
 def _exc_code(e) -> str:
@@ -354,60 +349,27 @@ class GrpcStageClient:
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
                      request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]:
-        import grpc  # noqa: PLC0415
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
-        from tritonclient.grpc._utils import _get_inference_request  # noqa: PLC0415
+
+        from omni_client._grpc_stream import StreamError, stream_request  # noqa: PLC0415
 
         infer_inputs, region = await self._place(inputs)
         try:
-            request = _get_inference_request(
-                model_name=model, inputs=infer_inputs, model_version="", request_id=request_id,
-                outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], sequence_id=0,
-                sequence_start=False, sequence_end=False, priority=0, timeout=None,
-                parameters=None)
-            # the last response says so (Triton's `triton_final_response`), even an empty one
-            request.parameters["triton_enable_empty_final_response"].bool_param = True
-            done = asyncio.Event()
-
-            async def requests():
-                yield request
-                await done.wait()  # keep the stream open until the request is complete
-
-            client = self._connect()
-            call = client._client_stub.ModelStreamInfer(requests(), metadata=_STRICT_ERRORS)
-        except BaseException:
-            self._release(region)
-            raise
-        finished = False
-        try:
-            while True:
-                try:
-                    response = await asyncio.wait_for(call.read(), timeout_s)
-                except TimeoutError:
-                    raise StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s") from None
-                except grpc.aio.AioRpcError as e:
-                    finished = True
-                    raise StageCallError(_code(e.code()), e.details() or str(e)) from None
-                if response is grpc.aio.EOF:
-                    finished = True
-                    return
-                if response.error_message:
-                    finished = True
-                    raise StageCallError("INTERNAL", response.error_message)
-                result = grpcclient.InferResult(response.infer_response)
-                final = response.infer_response.parameters.get("triton_final_response")
+            # one request per gRPC stream; leaving early cancels the call, so Triton
+            # cancels the request and omni_llm aborts it in the engine
+            async for result in stream_request(
+                    self._connect(), model, infer_inputs,
+                    [grpcclient.InferRequestedOutput(o) for o in outputs],
+                    request_id=request_id, timeout_s=timeout_s):
                 out = self._outputs(result, outputs)
-                if final is not None and final.bool_param:
-                    finished = True
-                    if out:
-                        yield out
-                    return
                 if out:
                     yield out
+        except TimeoutError:
+            raise StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s") from None
+        except StreamError as e:
+            code = "INTERNAL" if e.code is None else _STATUS.get(e.code, "INTERNAL")
+            raise StageCallError(code, e.message) from None
         finally:
-            done.set()
-            if not finished:
-                call.cancel()  # Triton cancels the request; omni_llm aborts it in the engine
             self._release(region)
 
     async def close(self) -> None:

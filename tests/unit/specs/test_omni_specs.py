@@ -5,14 +5,14 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import omni_tools.tiny_models as REAL_TINY_MODELS  # the real one: the fixtures replace it
 from omni_serve.contract import ENGINE_ARGS_FILE, ENTRY_PARAMETER, ENV_PARAMETER_PREFIX
 from omni_tools import gen_repo
-from omni_tools.spec import SpecError, load_preset, load_spec, parse_spec
+from omni_tools.spec import SpecError, load_preset, parse_spec
+from tests.unit.specs.test_spec import problems_of as problems
 
 from .conftest import REAL_ENGINE_ARG_NAMES
 
@@ -53,14 +53,6 @@ def omni_spec(models: dict[str, str], **roles) -> dict:
         },
         "entry": "omni",
     }
-
-
-def problems(tmp_path: Path, data: dict) -> list[str]:
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    with pytest.raises(SpecError) as err:
-        load_spec(path)
-    return err.value.problems
 
 
 def test_the_omni_chat_preset_loads_with_an_orchestrator_entry(monkeypatch):

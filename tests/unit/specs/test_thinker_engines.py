@@ -5,11 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from omni_serve.contract import ENGINE_ARGS_FILE
 from omni_tools import gen_repo
-from omni_tools.spec import SpecError, load_spec, parse_spec
+from omni_tools.spec import parse_spec
+from tests.unit.specs.test_spec import problems_of as problems
 
 
 def _checkpoint(root: Path, name: str) -> str:
@@ -32,14 +32,6 @@ def engines_spec(root: Path, thinker) -> dict:
         },
         "entry": "omni",
     }
-
-
-def problems(tmp_path: Path, data: dict) -> list[str]:
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    with pytest.raises(SpecError) as err:
-        load_spec(path)
-    return err.value.problems
 
 
 def test_a_list_of_thinkers_reaches_the_engine_json(tmp_path):
