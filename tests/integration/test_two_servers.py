@@ -26,7 +26,7 @@ GREEDY = {"temperature": 0, "max_tokens": 16}
 NO_SHM = "omni_grpc"  # a second entry model on the front server, without shared memory
 # The tiny preprocessor scales an image to at most 25088 px: ~30 rows of the tiny
 # thinker's 128 floats, ~15 KiB of mm_embeds (a real Qwen2.5-Omni image: MiBs). So the
-# engine server here takes shared memory from 4 KiB on (the default is 64 KiB).
+# engine server here takes shared memory from 4 KiB on (the default is 1 MiB).
 BIG_IMAGE = png(448, 336, seed=3)
 SHM_MIN_BYTES = 4096
 

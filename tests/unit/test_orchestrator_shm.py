@@ -92,7 +92,7 @@ def test_the_mode_comes_from_the_remote_entry_and_the_environment_overrides_it(m
     with pytest.raises(ValueError, match="OMNI_SERVER_GPU_A_SHM='posix': use auto, system or none"):
         remote_endpoints(cfg)
     assert RemoteStage(server="s").shared_memory == "auto"
-    assert RemoteStage(server="s").shared_memory_min_bytes == 64 * KIB
+    assert RemoteStage(server="s").shared_memory_min_bytes == 1024 * KIB
 
 
 def test_one_client_per_server_and_shared_memory_only_for_the_remote_one():

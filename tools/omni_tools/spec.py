@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from omni_serve.contract import CONTRACTS
+from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class ServerSpec(_Strict):
     # or shared memory when grpc_url's host is the orchestrator's own ("auto").
     # OMNI_SERVER_<NAME>_SHM overrides it at run time.
     shared_memory: Literal["auto", "system", "none"] = "auto"
-    shared_memory_min_bytes: Annotated[int, Field(ge=1)] = 64 * 1024
+    shared_memory_min_bytes: Annotated[int, Field(ge=1)] = SHM_MIN_BYTES_DEFAULT
 
 
 class QueuePolicySpec(_Strict):

@@ -64,6 +64,12 @@ class StageRoles(BaseModel):
 SharedMemory = Literal["auto", "system", "none"]
 
 
+# Measured (docs/benchmarks.md, "one server vs two"): a region saves 20-60 ms
+# per call for 16 MiB of mm_embeds but nothing at 0.5 MiB (its register RPC
+# costs what the copy saves), and costs 3-6 ms at 13 KiB.
+SHM_MIN_BYTES_DEFAULT = 1024 * 1024
+
+
 class RemoteStage(BaseModel):
     """A stage served by another tritonserver (written by omni-gen-repo)."""
 
@@ -77,7 +83,7 @@ class RemoteStage(BaseModel):
     # is this machine (loopback or this host's name or address).
     # OMNI_SERVER_<SERVER>_SHM overrides it.
     shared_memory: SharedMemory = "auto"
-    shared_memory_min_bytes: int = Field(default=64 * 1024, ge=1)
+    shared_memory_min_bytes: int = Field(default=SHM_MIN_BYTES_DEFAULT, ge=1)
 
     @property
     def env_prefix(self) -> str:

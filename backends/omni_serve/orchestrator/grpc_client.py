@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
 from omni_serve.orchestrator.pipeline import StageCallError
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class RemoteEndpoint:
 
     url: str
     shared_memory: str = "none"  # "auto", "system" or "none"
-    shared_memory_min_bytes: int = 64 * 1024
+    shared_memory_min_bytes: int = SHM_MIN_BYTES_DEFAULT
 
 
 def remote_endpoints(cfg) -> dict[str, RemoteEndpoint]:
@@ -261,7 +262,7 @@ class GrpcStageClient:
     """
 
     def __init__(self, url: str, shared_memory: str = "none",
-                 shared_memory_min_bytes: int = 64 * 1024):
+                 shared_memory_min_bytes: int = SHM_MIN_BYTES_DEFAULT):
         self.url = url
         self._client = None
         self.shm_mode = shared_memory
