@@ -118,7 +118,10 @@ class AsyncOmniClient:
         """Run one request on any entry model, yielding events; see OmniClient.stream.
 
         `timeout` -1 (the default) means the client's timeout. Raises what
-        OmniClient.stream raises.
+        OmniClient.stream raises. To cancel the request the moment you stop
+        reading, iterate inside `contextlib.aclosing(client.stream(...))`
+        (otherwise it is cancelled when the event loop finalizes the
+        abandoned generator).
         """
         wait_s = self.timeout if timeout == -1.0 else _check_timeout(timeout)
         name = model or await self._default_model("omni", "llm", "image")
