@@ -172,24 +172,32 @@ def test_async_stream_gives_the_same_events(omni_chat_server):
     assert _text(events) == text
 
 
-def test_async_breaking_out_after_the_first_audio_cancels_every_engine(omni_chat_server):
+def test_async_cancelling_the_task_cancels_every_engine(omni_chat_server):
     server = omni_chat_server
     long = dict(max_tokens=1900, temperature=0, sampling_parameters={"ignore_eos": True})
 
-    async def run() -> tuple[float, float] | None:
+    async def run(thinker_before: float) -> tuple[float, float] | None:
         async with AsyncOmniClient(server.grpc_url, timeout=60) as client:
-            events = client.stream("speak for a long time", modalities=["text", "audio"], **long)
-            async with contextlib.aclosing(events):  # closing the stream cancels its gRPC call
-                async for event in events:
-                    if isinstance(event, AudioChunk):
-                        # the thinker's token counter moves when its request ends: if it
-                        # moved, the reply was complete before the first audio got out
-                        # (a busy machine); there is nothing left to cancel
-                        if _generated(server, "llm") > thinker_before:
-                            return None
-                        break
-                else:
-                    raise AssertionError("the request ended before any audio")
+            events: list = []
+
+            async def consume() -> None:
+                async with contextlib.aclosing(client.stream(
+                        "speak for a long time", modalities=["text", "audio"], **long)) as stream:
+                    async for event in stream:
+                        events.append(event)
+
+            task = asyncio.create_task(consume())
+            # cancel once both engines work on it (not on the first response, whose
+            # timing on a busy machine would race the tiny thinker)
+            deadline = time.monotonic() + 30
+            while (_running(server, "llm"), _running(server, "talker")) != (1, 1):
+                if _generated(server, "llm") > thinker_before or time.monotonic() > deadline:
+                    await task
+                    return None  # the thinker finished first: nothing left to cancel
+                await asyncio.sleep(0.05)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
             deadline = time.monotonic() + 15
             while (_running(server, "llm"), _running(server, "talker")) != (0, 0) \
                     and time.monotonic() < deadline:
@@ -206,16 +214,15 @@ def test_async_breaking_out_after_the_first_audio_cancels_every_engine(omni_chat
     for _ in range(3):
         thinker_before = _generated(server, "llm")
         talker_before = _generated(server, "talker")
-        tokens = asyncio.run(run())
+        tokens = asyncio.run(run(thinker_before))
         if tokens is None:
-            time.sleep(2)  # let the finished request's talker work drain
             continue
         thinker_tokens, talker_codes = tokens
         # both engines stopped early: the whole reply would be 1900 tokens and ~7600 codes
         assert 0 < thinker_tokens - thinker_before < long["max_tokens"]
         assert talker_codes - talker_before < long["max_tokens"] * 4 / 2
         return
-    pytest.fail("the thinker finished its reply before the first audio got out, three times")
+    pytest.fail("the thinker finished its reply before both engines were seen running, three times")
 
 
 # --- text-chat -------------------------------------------------------------------------------
