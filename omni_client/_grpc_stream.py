@@ -68,7 +68,10 @@ async def stream_request(client: grpcaio.InferenceServerClient, model: str,
     try:
         while True:
             try:
-                response = await asyncio.wait_for(call.read(), timeout_s)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result
+                # when the read completes as the task is cancelled, losing the cancel
+                async with asyncio.timeout(timeout_s):
+                    response = await call.read()
             except grpc.aio.AioRpcError as exc:
                 finished = True
                 raise StreamError(exc.code().name, exc.details() or str(exc)) from None

@@ -429,7 +429,8 @@ class BlsStageClient:
         try:
             while True:
                 try:
-                    kind, item = await asyncio.wait_for(q.get(), timeout_s)
+                    async with asyncio.timeout(timeout_s):  # wait_for can lose a cancel (3.11)
+                        kind, item = await q.get()
                 except TimeoutError:
                     raise StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s") from None
                 if kind == "end":

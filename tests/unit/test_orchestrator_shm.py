@@ -360,3 +360,49 @@ def test_a_region_this_host_cannot_create_sends_that_call_inline(monkeypatch):
 
     asyncio.run(go())
     assert server.register_calls == []
+
+
+def test_a_cancel_that_lands_as_a_response_arrives_is_not_lost():
+    """The consuming task is cancelled in the same loop turn the next read completes.
+
+    Python 3.11's asyncio.wait_for returned the response then and dropped the
+    cancel: the orchestrator kept streaming a cancelled thinker to its end.
+    """
+    from omni_client._grpc_stream import stream_request
+
+    reads: list[asyncio.Future] = []
+    cancelled: list[bool] = []
+
+    class Call:
+        def __init__(self, requests):
+            self.requests = requests
+
+        def read(self):
+            reads.append(asyncio.get_running_loop().create_future())
+            return reads[-1]
+
+        def cancel(self):
+            cancelled.append(True)
+
+    server = FakeServer(stream=Call)
+    got = []
+
+    async def consume():
+        async for result in stream_request(server, "llm", [], [], request_id="r", timeout_s=30):
+            got.append(result)
+
+    async def go():
+        task = asyncio.create_task(consume())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        reads[-1].set_result(_response(False))  # a response is ready...
+        task.cancel()  # ...as the caller cancels
+        for _ in range(5):
+            await asyncio.sleep(0)
+            if len(reads) > 1 and not reads[-1].done():
+                reads[-1].set_result(_response(True))  # what a lost cancel would read next
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert cancelled == [True]  # the gRPC call was cancelled, so Triton cancels the request

@@ -237,8 +237,8 @@ class ShmRegions:
         while self.registered and loop.time() < deadline:
             for name in sorted(self.registered):
                 try:
-                    await asyncio.wait_for(client.unregister_system_shared_memory(name),
-                                           max(0.1, deadline - loop.time()))
+                    async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                        await client.unregister_system_shared_memory(name)
                     self.registered.discard(name)
                 except Exception as e:
                     error = e

@@ -205,8 +205,8 @@ class OmniPipeline:
         model = getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
         try:
-            return await asyncio.wait_for(self.client.infer(model, inputs, outputs),
-                                          self.cfg.stage_timeout_s)
+            async with asyncio.timeout(self.cfg.stage_timeout_s):  # (not wait_for: see _grpc_stream)
+                return await self.client.infer(model, inputs, outputs)
         except StageCallError as e:
             raise StageFailedError(role, model, e.message, e.code) from e
         except TimeoutError as e:
