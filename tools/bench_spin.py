@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level  # noqa: E402
 
-from omni_serve.contract import LLM  # noqa: E402
+from omni_client._llm_io import build_inputs  # noqa: E402
 from omni_serve.llm.vllm_plugin import ENV  # noqa: E402
 
 SIDES = {"spin": {ENV: "0"}, "sleep": {}}  # vLLM's own spin; the plugin's default
@@ -74,18 +74,7 @@ class _Stream:
         self.client.start_stream(callback=on_response)
 
     def send(self, prompt: str, sampling: dict) -> float:
-        import numpy as np
-        import tritonclient.grpc as grpcclient
-
-        def t(name, arr, dtype):
-            x = grpcclient.InferInput(name, list(arr.shape), dtype)
-            x.set_data_from_numpy(arr)
-            return x
-
-        inputs = [t(LLM.TEXT_INPUT, np.array([prompt.encode()], dtype=object), "BYTES"),
-                  t(LLM.STREAM, np.array([True]), "BOOL"),
-                  t(LLM.SAMPLING_PARAMETERS, np.array([json.dumps(sampling).encode()],
-                                                      dtype=object), "BYTES")]
+        inputs = build_inputs(prompt, stream=True, sampling_parameters=sampling)
         sent = time.monotonic()
         self.client.async_stream_infer("llm", inputs, enable_empty_final_response=True)
         return sent
@@ -170,7 +159,7 @@ def summarize(runs: list[dict], concurrency: list[int]) -> dict:
         rs = [r for r in runs if r["side"] == name]
         levels = {}
         for c in concurrency:
-            ls = [r["levels"][c] if c in r["levels"] else r["levels"][str(c)] for r in rs]
+            ls = [r["levels"][c] for r in rs]
             ttft = [x for lv in ls for x in lv["ttft_ms"]]
             levels[c] = {"tok_s": sum(lv["tok_s"] for lv in ls) / len(ls),
                          "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99)}

@@ -43,8 +43,8 @@ def spin_sleep_us(is_cpu: bool, environ: dict[str, str] | None = None) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{ENV} must be a number of microseconds >= 0, got {raw!r}") from None
-    if value < 0 or value != value:
+        value = float("nan")
+    if not value >= 0:  # also NaN
         raise ValueError(f"{ENV} must be a number of microseconds >= 0, got {raw!r}")
     return value
 
