@@ -98,6 +98,15 @@ class OmniStream:
             if absorb(result, response):
                 return result
 
+    def received(self, result: OmniResult | None = None) -> OmniResult:
+        """Absorb the responses already queued, without waiting for more."""
+        result = result or OmniResult()
+        while not self.q.empty():
+            response, error = self.q.get_nowait()
+            assert error is None, error
+            absorb(result, response)
+        return result
+
     def close(self, cancel: bool = False) -> None:
         self.client.stop_stream(cancel_requests=cancel)
         self.client.close()
