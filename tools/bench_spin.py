@@ -39,9 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level  # noqa: E402
 
 from omni_client._llm_io import build_inputs  # noqa: E402
-from omni_serve.llm.vllm_plugin import ENV  # noqa: E402
+from omni_serve.llm.vllm_plugin import ENV, SLACK_ENV  # noqa: E402
 
-SIDES = {"spin": {ENV: "0"}, "sleep": {}}  # vLLM's own spin; the plugin's default
+# vLLM's own spin; the plugin's default (sleep, 1 us timer slack); the sleep with the
+# kernel's default timer slack (50 us), as the plugin was first measured
+SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep-kernel-slack": {SLACK_ENV: "0"}}
 LONG = {"temperature": 0, "max_tokens": 1800, "ignore_eos": True}
 
 _HEARTBEAT = """
@@ -153,9 +155,9 @@ def side_run(name: str, repo: Path, workdir: Path, args, rnd: int) -> dict:
         server.stop()
 
 
-def summarize(runs: list[dict], concurrency: list[int]) -> dict:
+def summarize(runs: list[dict], concurrency: list[int], sides: list[str]) -> dict:
     out: dict = {}
-    for name in SIDES:
+    for name in sides:
         rs = [r for r in runs if r["side"] == name]
         levels = {}
         for c in concurrency:
@@ -177,13 +179,15 @@ def summarize(runs: list[dict], concurrency: list[int]) -> dict:
             "tokens_after_cancel_p50": pct([x["tokens_after_cancel"] for x in cs], 50),
             "client_sleep_late_max_s": max(x["client_sleep_late_s"] for x in cs),
         }
-    out["ratio_sleep_over_spin"] = {
-        c: out["sleep"]["levels"][c]["tok_s"] / out["spin"]["levels"][c]["tok_s"]
-        for c in concurrency}
-    out["ratio_per_round"] = {c: [
+    others = [name for name in sides if name != "spin"]
+    out["ratio_over_spin"] = {name: {
+        c: out[name]["levels"][c]["tok_s"] / out["spin"]["levels"][c]["tok_s"]
+        for c in concurrency} for name in others}
+    out["ratio_per_round"] = {name: {c: [
         s["levels"][c]["tok_s"] / p["levels"][c]["tok_s"]
-        for s, p in zip([r for r in runs if r["side"] == "sleep"],
+        for s, p in zip([r for r in runs if r["side"] == name],
                         [r for r in runs if r["side"] == "spin"])] for c in concurrency}
+        for name in others}
     return out
 
 
@@ -194,7 +198,7 @@ def to_markdown(report: dict) -> str:
              + " | first response p50 / max s | reply in its last 10% | heartbeat worst gap s "
                "| cancels effective | tokens after cancel p50 |",
              "|---|" + "---:|" * (len(report["concurrency"]) + 5)]
-    for name in SIDES:
+    for name in report["sides"]:
         x = s[name]
         cells = [f"{x['levels'][c]['tok_s']:.0f} ({x['levels'][c]['ttft_p50_ms']:.1f} / "
                  f"{x['levels'][c]['ttft_p99_ms']:.1f})" for c in report["concurrency"]]
@@ -202,11 +206,29 @@ def to_markdown(report: dict) -> str:
                      + f" | {x['first_response_p50_s']:.2f} / {x['first_response_max_s']:.2f} "
                        f"| {x['share_in_last_10pct_p50']:.0%} | {x['heartbeat_worst_gap_max_s']:.2f} "
                        f"| {x['cancels_effective']}/{x['cancels']} | {x['tokens_after_cancel_p50']:.0f} |")
-    ratios = ", ".join(f"c={c}: {s['ratio_sleep_over_spin'][c]:.2f} (per round "
-                       + ", ".join(f"{r:.2f}" for r in s["ratio_per_round"][c]) + ")"
-                       for c in report["concurrency"])
-    lines += ["", f"throughput sleep/spin: {ratios}"]
+    lines.append("")
+    for name, ratio in s["ratio_over_spin"].items():
+        rounds = s["ratio_per_round"][name]
+        lines.append(f"throughput {name}/spin: " + ", ".join(
+            f"c={c}: {ratio[c]:.2f} (per round " + ", ".join(f"{r:.2f}" for r in rounds[c]) + ")"
+            for c in report["concurrency"]))
     return "\n".join(lines)
+
+
+def _read_report(path: Path) -> dict:
+    """A results file, with its concurrency keys back to ints (files written before the
+    third side have one sleep side and its ratios at the top)."""
+    report = json.loads(path.read_text())
+    summary = report["summary"]
+    if "ratio_sleep_over_spin" in summary:
+        summary["ratio_over_spin"] = {"sleep": summary.pop("ratio_sleep_over_spin")}
+        summary["ratio_per_round"] = {"sleep": summary["ratio_per_round"]}
+    report.setdefault("sides", [k for k in summary if not k.startswith("ratio")])
+    for name in report["sides"]:
+        summary[name]["levels"] = {int(c): lv for c, lv in summary[name]["levels"].items()}
+    for key in ("ratio_over_spin", "ratio_per_round"):
+        summary[key] = {name: {int(c): v for c, v in x.items()} for name, x in summary[key].items()}
+    return report
 
 
 def main(argv=None) -> int:
@@ -219,16 +241,15 @@ def main(argv=None) -> int:
     ap.add_argument("--cancels", type=int, default=5)
     ap.add_argument("--busy", type=int, default=0,
                     help="CPU-bound processes to run beside the server (other work on the host)")
+    ap.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES),
+                    help="what to compare (spin is always the baseline)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report", type=Path, help="only print the table of a results file")
     args = ap.parse_args(argv)
     if args.report:
-        report = json.loads(args.report.read_text())
-        report["summary"] = {k: ({int(c): v for c, v in x.items()} if k.startswith("ratio") else
-                                 {**x, "levels": {int(c): lv for c, lv in x["levels"].items()}})
-                             for k, x in report["summary"].items()}
-        print(to_markdown(report))
+        print(to_markdown(_read_report(args.report)))
         return 0
+    sides = ["spin"] + [name for name in args.sides if name != "spin"]
 
     from omni_tools import gen_repo, spec
     from omni_tools.tiny_models import ensure_model
@@ -244,7 +265,7 @@ def main(argv=None) -> int:
     runs = []
     try:
         for rnd in range(args.rounds):
-            order = list(SIDES) if rnd % 2 == 0 else list(SIDES)[::-1]
+            order = sides if rnd % 2 == 0 else sides[::-1]
             for name in order:
                 runs.append(side_run(name, repo, workdir, args, rnd))
     finally:
@@ -252,7 +273,7 @@ def main(argv=None) -> int:
             p.kill()
     report = {"model": "qwen2-tiny", "engine_args": ENGINE_ARGS, "max_tokens": args.max_tokens,
               "rounds": args.rounds, "busy": args.busy, "concurrency": args.concurrency,
-              "summary": summarize(runs, args.concurrency), "runs": runs}
+              "sides": sides, "summary": summarize(runs, args.concurrency, sides), "runs": runs}
     print(to_markdown(report))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
