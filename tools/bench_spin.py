@@ -39,11 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level  # noqa: E402
 
 from omni_client._llm_io import build_inputs  # noqa: E402
-from omni_serve.llm.vllm_plugin import ENV, SLACK_ENV  # noqa: E402
+from omni_serve.llm.vllm_plugin import ENV  # noqa: E402
 
-# vLLM's own spin; the plugin's default (sleep, 1 us timer slack); the sleep with the
-# kernel's default timer slack (50 us), as the plugin was first measured
-SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep-kernel-slack": {SLACK_ENV: "0"}}
+SIDES = {"spin": {ENV: "0"}, "sleep": {}}  # vLLM's own spin; the plugin's default
 LONG = {"temperature": 0, "max_tokens": 1800, "ignore_eos": True}
 
 _HEARTBEAT = """
