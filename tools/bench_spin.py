@@ -85,10 +85,9 @@ class _Stream:
 
 
 def _generated(server) -> float:
-    for line in server.metrics().splitlines():
-        if line.startswith("omni_llm_generation_tokens_total{") and 'model="llm"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError("omni_llm_generation_tokens_total")
+    from omni_tools.server import metric_sample
+
+    return metric_sample(server.metrics(), "omni_llm_generation_tokens_total", model="llm")
 
 
 def long_reply(server) -> dict:

@@ -10,6 +10,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from omni_serve.contract import LLM
+from omni_tools.server import metric_sample
 
 MODEL = "llm"
 
@@ -101,9 +102,6 @@ def run(url: str, prompt, *, stream: bool | None, sampling=None, parameters=None
         s.close()
 
 
-def metric(text: str, name: str, model: str = MODEL) -> float:
-    """Value of a Prometheus sample `name{model="..."...}` in the metrics text."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"{name} for model {model} not in metrics")
+def metric(text: str, name: str, model: str = MODEL, **labels: str) -> float:
+    """Value of the Prometheus sample `name{model="...",...}` in the metrics text."""
+    return metric_sample(text, name, model=model, **labels)

@@ -21,6 +21,24 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def metric_sample(text: str, name: str, **labels: str) -> float:
+    """The value of the sample `name` whose labels include `labels`, in Prometheus text.
+
+    `name` is the sample's name as the text writes it (`..._total`,
+    `..._count`, `..._sum`, or a counter without `_total`, such as Triton's
+    `nv_inference_count`, which the parser renames `nv_inference_count_total`);
+    KeyError when no sample matches.
+    """
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    for family in text_string_to_metric_families(text):
+        names = {name, name + "_total"} if family.type == "counter" else {name}
+        for sample in family.samples:
+            if sample.name in names and labels.items() <= sample.labels.items():
+                return sample.value
+    raise KeyError(f"no sample {name} with labels {labels} in the metrics")
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
