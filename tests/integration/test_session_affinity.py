@@ -1,11 +1,13 @@
-"""Two thinker engines behind one orchestrator: session affinity and prefix-cache locality.
+"""Two thinker engines behind one orchestrator: session affinity, prefix-cache locality, failover.
 
 One tritonserver: `llm_a` and `llm_b` (the tiny thinker LM on vLLM, one core
 each) and an orchestrator whose thinker role is [llm_a, llm_b]. A multi-turn
 session (each turn carries the earlier turns in `history`) stays on the
 engine rendezvous hashing picks for its session id, and that engine's
 prefix-cache hit rate (omni_llm_prefix_cache_hits_total /
-omni_llm_prefix_cache_queries_total) rises turn over turn.
+omni_llm_prefix_cache_queries_total) rises turn over turn. When an engine is
+gone, its sessions move to the other one, and come back once it is loaded
+again.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
 import yaml
 
 from omni_serve.orchestrator.routing import pick
@@ -35,6 +38,7 @@ BLOCK_SIZE = 32
 QUERIES = "omni_llm_prefix_cache_queries_total"
 HITS = "omni_llm_prefix_cache_hits_total"
 GENERATED = "omni_llm_generation_tokens_total"
+RETRY_AFTER_S = 3.0  # how long the orchestrator passes over an engine found down
 # a long first message, then short follow-ups: the history outgrows each new turn
 TURNS = [
     "Tell me a story about a lighthouse keeper who finds a message in a bottle on the shore "
@@ -58,7 +62,8 @@ def _spec() -> dict:
             "llm_b": {**engine, "env": {"VLLM_CPU_OMP_THREADS_BIND": "1",
                                         "VLLM_CPU_KVCACHE_SPACE": "1"}},
             "omni": {"backend": "omni_orchestrator",
-                     "engine_args": {"stages": {"thinker": list(ENGINES)}}},
+                     "engine_args": {"stages": {"thinker": list(ENGINES)},
+                                     "engine_retry_after_s": RETRY_AFTER_S}},
         },
         "entry": "omni",
     }
@@ -71,7 +76,9 @@ def server(tmp_path_factory):
     cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
     subprocess.run([str(cli), str(root / "spec.yaml"), "-o", str(root / "repo")], check=True,
                    timeout=600)
-    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log")
+    # explicit model control: the last test unloads an engine and loads it again
+    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log",
+                          extra_args=["--model-control-mode=explicit", "--load-model=*"])
     triton.start()
     try:
         yield triton
@@ -194,3 +201,41 @@ def test_a_bad_history_is_an_invalid_argument_naming_it(server):
     # and the server keeps serving
     ok = run_omni(server.grpc_url, text="still there?", sampling=SAMPLING, session_id="s")
     assert ok.error is None and ok.metrics["thinker_model"] == pick("s", ENGINES)
+
+
+def _ready(server, model: str) -> bool:
+    return grpcclient.InferenceServerClient(server.grpc_url).is_model_ready(model)
+
+
+def test_an_unloaded_engines_session_moves_to_the_other_and_comes_back(server):
+    """Last in this module: it unloads llm_b (and loads it again)."""
+    session = _session_id("llm_b", "failover")
+    text = "Where does the lighthouse keeper live?"
+    ask = dict(text=text, sampling=SAMPLING)
+    # what the same model answers on llm_a (greedy; both engines load the same checkpoint)
+    reference = run_omni(server.grpc_url, **ask, session_id=_session_id("llm_a", "reference"))
+    assert reference.error is None and reference.metrics["thinker_model"] == "llm_a"
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.unload_model("llm_b")
+    deadline = time.monotonic() + 60
+    while _ready(server, "llm_b") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _ready(server, "llm_b")
+    before = _counters(server)
+    moved = [run_omni(server.grpc_url, **ask, session_id=session) for _ in range(2)]
+    for result in moved:  # served, by llm_a, with the same answer
+        assert result.error is None, result.error
+        assert result.metrics["thinker_model"] == "llm_a"
+        assert result.text == reference.text
+    after = _settled(server, before, 2 * REPLY_TOKENS)
+    assert after["llm_a"][GENERATED] - before["llm_a"][GENERATED] == 2 * REPLY_TOKENS
+    log = server.log_path.read_text(errors="replace")
+    assert "(model llm_b) failed" in log and "passing it over" in log
+
+    client.load_model("llm_b")
+    assert _ready(server, "llm_b")
+    time.sleep(RETRY_AFTER_S)
+    back = run_omni(server.grpc_url, **ask, session_id=session)
+    assert back.error is None, back.error
+    assert back.metrics["thinker_model"] == "llm_b" and back.text == reference.text

@@ -9,7 +9,13 @@ from pydantic import ValidationError
 
 from omni_serve.contract import LLM, OMNI
 from omni_serve.errors import RequestError, StageFailedError
-from omni_serve.orchestrator.pipeline import Final, OmniPipeline, TextDelta, chat_prompt
+from omni_serve.orchestrator.pipeline import (
+    Final,
+    OmniPipeline,
+    StageCallError,
+    TextDelta,
+    chat_prompt,
+)
 from omni_serve.orchestrator.request import Turn, parse_request
 from omni_serve.orchestrator.routing import pick
 from tests.unit.test_orchestrator import ScriptedStages, config, tensors
@@ -176,3 +182,97 @@ def test_one_thinker_name_still_works():
                         [tensors("hi", **{OMNI.SESSION_ID: b"any"})])
     assert events[-1].metrics["thinker_model"] == "llm"
     assert [m for m, _ in stages.calls] == ["llm"]
+
+
+# --- an engine that is down ----------------------------------------------------------
+
+class FlakyThinkers(TwoThinkers):
+    """Engines in `down` refuse every call UNAVAILABLE (a server that is gone); an engine in
+    `break_after` fails UNAVAILABLE after that many responses (one that dies mid-reply)."""
+
+    def __init__(self, down=(), break_after=None, **kw):
+        super().__init__(**kw)
+        self.down = set(down)
+        self.break_after = break_after or {}
+
+    async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+        if model in self.down:
+            self.thinker_calls.append((model, ""))
+            raise StageCallError("UNAVAILABLE", "failed to connect to all addresses")
+        n = 0
+        async for out in super().stream(model, inputs, outputs, request_id=request_id,
+                                         timeout_s=timeout_s):
+            if n == self.break_after.get(model):
+                raise StageCallError("UNAVAILABLE", "Socket closed")
+            n += 1
+            yield out
+
+
+def _session_on(engine: str) -> bytes:
+    return next(f"s{i}" for i in range(100) if pick(f"s{i}", ENGINES) == engine).encode()
+
+
+def test_a_session_whose_engine_is_down_is_served_by_the_next_one():
+    cfg = engines_config()
+    stages = FlakyThinkers(down={"llm_b"}, reply_tokens=3, token_delay=0)
+    pipeline = OmniPipeline(cfg, stages)
+    session = {OMNI.SESSION_ID: _session_on("llm_b")}
+    (events,) = run_all(pipeline, cfg, [tensors("hi", **session)])
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "w0 w1 w2 "
+    assert events[-1].metrics["thinker_model"] == "llm_a"
+    assert [m for m, _ in stages.thinker_calls] == ["llm_b", "llm_a"]
+    # the next turn goes straight to llm_a while llm_b is passed over
+    (events,) = run_all(pipeline, cfg, [tensors("again", **session)])
+    assert events[-1].metrics["thinker_model"] == "llm_a"
+    assert [m for m, _ in stages.thinker_calls] == ["llm_b", "llm_a", "llm_a"]
+    assert pipeline.thinkers.in_flight == {"llm_a": 0, "llm_b": 0}
+
+
+def test_the_engine_gets_its_sessions_back_once_it_answers_again():
+    cfg = engines_config(engine_retry_after_s=0.05)
+    stages = FlakyThinkers(down={"llm_b"}, reply_tokens=2, token_delay=0)
+    pipeline = OmniPipeline(cfg, stages)
+    session = {OMNI.SESSION_ID: _session_on("llm_b")}
+    run_all(pipeline, cfg, [tensors("hi", **session)])
+    stages.down.clear()  # it is back
+    asyncio.run(asyncio.sleep(0.06))  # past its retry time
+    (events,) = run_all(pipeline, cfg, [tensors("again", **session)])
+    assert events[-1].metrics["thinker_model"] == "llm_b"
+    assert not pipeline.thinkers.is_down("llm_b")
+
+
+def test_an_engine_that_fails_mid_reply_is_not_retried():
+    # text already went to the client: starting over elsewhere would repeat it
+    cfg = engines_config()
+    stages = FlakyThinkers(break_after={"llm_b": 2}, reply_tokens=5, token_delay=0)
+    events: list = []
+    pipeline = OmniPipeline(cfg, stages)
+    req = parse_request("r", tensors("hi", **{OMNI.SESSION_ID: _session_on("llm_b")}), cfg)
+    with pytest.raises(StageFailedError, match=r"\(model llm_b\) failed: Socket closed") as e:
+        asyncio.run(pipeline.run(req, events.append))
+    assert e.value.code == "UNAVAILABLE"
+    assert [e.text for e in events] == ["w0 ", "w1 "]
+    assert [m for m, _ in stages.thinker_calls] == ["llm_b"]
+    assert not pipeline.thinkers.is_down("llm_b")  # it had answered
+
+
+def test_every_engine_down_is_an_unavailable_error_after_trying_each_once():
+    cfg = engines_config()
+    stages = FlakyThinkers(down=set(ENGINES))
+    pipeline = OmniPipeline(cfg, stages)
+    session = _session_on("llm_a")
+    with pytest.raises(StageFailedError, match=r"\(model llm_b\) failed: failed to connect") as e:
+        run_all(pipeline, cfg, [tensors("hi", **{OMNI.SESSION_ID: session})])
+    assert e.value.code == "UNAVAILABLE"
+    assert [m for m, _ in stages.thinker_calls] == ["llm_a", "llm_b"]
+    assert pipeline.thinkers.in_flight == {"llm_a": 0, "llm_b": 0}
+
+
+def test_a_rejected_request_is_not_sent_to_another_engine():
+    cfg = engines_config()
+    stages = TwoThinkers(fail="llm_b")  # INVALID_ARG: the request's fault, not the engine's
+    pipeline = OmniPipeline(cfg, stages)
+    with pytest.raises(StageFailedError, match="llm_b refuses"):
+        run_all(pipeline, cfg, [tensors("x", **{OMNI.SESSION_ID: _session_on("llm_b")})])
+    assert [m for m, _ in stages.thinker_calls] == ["llm_b"]
+    assert not pipeline.thinkers.is_down("llm_b")

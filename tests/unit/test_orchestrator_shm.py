@@ -130,7 +130,13 @@ class FakeServer:
         self.infers: list[list] = []
         self.stream = stream
         self.closed = False
+        self.ready = True  # what is_model_ready answers
+        self.ready_asked: list[str] = []
         self._client_stub = self
+
+    async def is_model_ready(self, model_name, model_version=""):
+        self.ready_asked.append(model_name)
+        return self.ready
 
     async def register_system_shared_memory(self, name, key, byte_size, offset=0):
         self.register_calls.append(name)
@@ -406,3 +412,28 @@ def test_a_cancel_that_lands_as_a_response_arrives_is_not_lost():
 
     asyncio.run(go())
     assert cancelled == [True]  # the gRPC call was cancelled, so Triton cancels the request
+
+
+@pytest.mark.parametrize("responses, ready, code, asked", [
+    # Triton 2.51 sends "unknown model" in-band on a stream: a model that is not there
+    ([_response(True, "Request for unknown model: 'llm' is not found")], False, "UNAVAILABLE", True),
+    # the same in-band error from a model that is there: the request's trouble
+    ([_response(True, "boom")], True, "INTERNAL", True),
+    # after the model answered: not a question of the model being there
+    ([_response(False), _response(True, "boom")], False, "INTERNAL", False),
+])
+def test_an_in_band_stream_error_is_unavailable_only_when_the_model_is_not_there(
+        responses, ready, code, asked):
+    server = FakeServer(stream=_stream_of(responses))
+    server.ready = ready
+    client = client_for(server, "none")
+
+    async def consume():
+        async for _ in client.stream("llm", {LLM.TEXT_INPUT: np.array([b"x"], dtype=np.object_)},
+                                     [LLM.TEXT_OUTPUT], request_id="r", timeout_s=30):
+            pass
+
+    with pytest.raises(StageCallError) as e:
+        asyncio.run(consume())
+    assert e.value.code == code
+    assert server.ready_asked == (["llm"] if asked else [])

@@ -87,3 +87,56 @@ def test_one_engine_takes_everything():
 def test_the_engine_list_must_be_usable(engines):
     with pytest.raises(ValueError):
         EngineRouter(engines)
+
+
+# --- engines found down -------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_down_engine_is_passed_over_until_its_retry_time():
+    clock = Clock()
+    router = EngineRouter(ENGINES, retry_after_s=10, clock=clock)
+    router.mark_down("llm_b")
+    assert router.is_down("llm_b") and not router.is_down("llm_a")
+    assert "llm_b" not in {router.pick(None) for _ in range(6)}
+    clock.now += 9.9
+    assert "llm_b" not in {router.pick(None) for _ in range(6)}
+    clock.now += 0.2  # its retry time has come: it gets requests again
+    assert not router.is_down("llm_b")
+    assert "llm_b" in {router.pick(None) for _ in range(3)}
+
+
+def test_a_down_engines_sessions_go_to_their_next_engine_in_rendezvous_order():
+    router = EngineRouter(ENGINES, clock=Clock())
+    router.mark_down("llm_c")
+    for s in SESSIONS[:300]:
+        first = pick(s, ENGINES)
+        # the session's second choice when its engine is down; the others stay put
+        expected = pick(s, ("llm_a", "llm_b")) if first == "llm_c" else first
+        assert router.pick(s) == expected
+
+
+def test_an_engine_that_answers_is_up_at_once():
+    router = EngineRouter(ENGINES, clock=Clock())
+    router.mark_down("llm_a")
+    router.mark_up("llm_a")
+    assert not router.is_down("llm_a")
+
+
+def test_tried_engines_are_excluded_and_all_down_still_picks_one():
+    router = EngineRouter(ENGINES, clock=Clock())
+    for engine in ENGINES:
+        router.mark_down(engine)
+    session = SESSIONS[0]
+    # every engine down: the session's own engine is tried anyway (its error reaches the client)
+    assert router.pick(session) == pick(session, ENGINES)
+    assert router.pick(session, exclude={pick(session, ENGINES)}) == pick(
+        session, [e for e in ENGINES if e != pick(session, ENGINES)])
+    with pytest.raises(ValueError, match="every engine was tried"):
+        router.pick(session, exclude=ENGINES)

@@ -149,6 +149,10 @@ class OrchestratorConfig(BaseModel):
     image_steps: int = Field(default=4, ge=1)
     # A stage that sends nothing for this long fails the request (no hangs).
     stage_timeout_s: float = Field(default=120.0, gt=0)
+    # Several thinker engines: one that answered UNAVAILABLE before sending
+    # anything (server down, model unloaded, silent past stage_timeout_s) gets
+    # no requests for this long; the request goes on to the next engine.
+    engine_retry_after_s: float = Field(default=10.0, gt=0)
     # Largest media a request may carry (bytes), checked before any stage runs.
     max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
 

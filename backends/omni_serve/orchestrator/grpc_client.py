@@ -355,6 +355,7 @@ class GrpcStageClient:
         from omni_client._grpc_stream import StreamError, stream_request  # noqa: PLC0415
 
         infer_inputs, region = await self._place(inputs)
+        answered = False
         try:
             # one request per gRPC stream; leaving early cancels the call, so Triton
             # cancels the request and omni_llm aborts it in the engine
@@ -362,16 +363,34 @@ class GrpcStageClient:
                     self._connect(), model, infer_inputs,
                     [grpcclient.InferRequestedOutput(o) for o in outputs],
                     request_id=request_id, timeout_s=timeout_s):
+                answered = True
                 out = self._outputs(result, outputs)
                 if out:
                     yield out
         except TimeoutError:
             raise StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s") from None
         except StreamError as e:
-            code = "INTERNAL" if e.code is None else _STATUS.get(e.code, "INTERNAL")
+            if e.code is not None:
+                code = _STATUS.get(e.code, "INTERNAL")
+            elif not answered and not await self._model_ready(model):
+                # Triton 2.51 sends "unknown model" (unloaded, not yet loaded) in-band on a
+                # stream, without the NOT_FOUND a unary call gets: the model is not there
+                code = "UNAVAILABLE"
+            else:
+                code = "INTERNAL"
             raise StageCallError(code, e.message) from None
         finally:
             self._release(region)
+
+    async def _model_ready(self, model: str) -> bool:
+        """Whether the server has `model` ready (False also when it cannot say)."""
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        try:
+            async with asyncio.timeout(5):
+                return bool(await self._connect().is_model_ready(model))
+        except (InferenceServerException, TimeoutError):
+            return False
 
     async def close(self) -> None:
         if self._client is not None:

@@ -24,6 +24,7 @@ StageFailedError naming it; cancelling the task cancels every child stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -197,7 +198,7 @@ class OmniPipeline:
         # the thinker's tokenizer (text -> ids), for task "speech"
         self.tokenize = tokenize
         # which thinker engine serves a request (session affinity, else least busy)
-        self.thinkers = EngineRouter(cfg.stages.thinkers)
+        self.thinkers = EngineRouter(cfg.stages.thinkers, retry_after_s=cfg.engine_retry_after_s)
 
     # --- stage calls with the stage's name on every error ---------------------------
     async def _infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
@@ -297,12 +298,9 @@ class OmniPipeline:
         limit = self.cfg.first_segment_tokens
         text: list[str] = []
         finish = ""
-        with self.thinkers.route(req.session_id) as engine:
-            t.thinker_model = engine
-            async for out in self._stream("thinker", inputs,
-                                          [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS,
-                                           LLM.NUM_INPUT_TOKENS, LLM.NUM_OUTPUT_TOKENS],
-                                          f"{req.request_id}-thinker", t, model=engine):
+        # (aclosing: whatever ends this loop closes the engine's stream at once)
+        async with contextlib.aclosing(self._thinker_stream(req, inputs, t)) as responses:
+            async for out in responses:
                 t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
                 # streamed: each response carries the running count of reply tokens
                 t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
@@ -326,6 +324,39 @@ class OmniPipeline:
                 segments.put_nowait(pending)
             segments.put_nowait(None)  # the reply is complete
         return "".join(text), finish
+
+    async def _thinker_stream(self, req: OmniRequest, inputs: dict[str, np.ndarray],
+                              t: Timings) -> AsyncIterator[dict[str, np.ndarray]]:
+        """The thinker's responses, from the engine the router picks.
+
+        An engine that fails UNAVAILABLE before its first response is marked
+        down and the request goes to the next engine (nothing was emitted
+        yet); once it has answered, its failures end the request.
+        """
+        outputs = [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS,
+                   LLM.NUM_INPUT_TOKENS, LLM.NUM_OUTPUT_TOKENS]
+        tried: list[str] = []
+        while True:
+            with self.thinkers.route(req.session_id, exclude=tried) as engine:
+                t.thinker_model = engine
+                answered = False
+                try:
+                    async for out in self._stream("thinker", inputs, outputs,
+                                                  f"{req.request_id}-thinker", t, model=engine):
+                        if not answered:
+                            answered = True
+                            self.thinkers.mark_up(engine)
+                        yield out
+                    return
+                except StageFailedError as e:
+                    tried.append(engine)
+                    if answered or e.code != "UNAVAILABLE":
+                        raise
+                    self.thinkers.mark_down(engine)
+                    if len(tried) == len(self.thinkers.engines):
+                        raise
+                    log.warning("%s; passing it over for %g s, request %s goes to the next "
+                                "engine", e, self.thinkers.retry_after_s, req.request_id)
 
     # --- reading text aloud (task "speech") ---------------------------------------------
     async def _read_aloud(self, req: OmniRequest, emit: Callable[[Event], None], t: Timings) -> None:
