@@ -128,6 +128,10 @@ class TritonPythonModel:
         self._stage = m.histograms("omni_stage_latency_seconds",
                                    "Per request: seconds spent in calls to each stage",
                                    _LATENCY_BUCKETS, "stage", _ROLES)
+        self._passed_over = m.counters(
+            "omni_thinker_failovers_total",
+            "Requests sent on to another thinker engine because this one was found down",
+            "engine", self.cfg.stages.thinkers)
 
     def execute(self, requests):
         for request in requests:
@@ -170,6 +174,8 @@ class TritonPythonModel:
         for role, seconds in metrics.get("stage_seconds", {}).items():
             if role in self._stage:
                 self._stage[role].observe(seconds)
+        for engine in metrics.get("thinker_passed_over", ()):
+            self._passed_over[engine].increment(1)
 
     def finalize(self):
         for task in asyncio.all_tasks(self.loop):

@@ -318,6 +318,11 @@ class Metrics:
         return {v: fam.Metric(labels={**self.labels, label: v}, buckets=list(buckets))
                 for v in values}
 
+    def counters(self, name: str, doc: str, label: str, values: Iterable[str]) -> dict[str, Any]:
+        """One counter family, one metric per value of the extra `label`."""
+        fam = self._family(name, doc, "COUNTER")
+        return {v: fam.Metric(labels={**self.labels, label: v}) for v in values}
+
 
 # --- BLS: calling other models of this server ------------------------------------------
 

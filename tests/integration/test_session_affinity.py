@@ -38,6 +38,7 @@ BLOCK_SIZE = 32
 QUERIES = "omni_llm_prefix_cache_queries_total"
 HITS = "omni_llm_prefix_cache_hits_total"
 GENERATED = "omni_llm_generation_tokens_total"
+FAILOVERS = "omni_thinker_failovers_total"
 RETRY_AFTER_S = 3.0  # how long the orchestrator passes over an engine found down
 # a long first message, then short follow-ups: the history outgrows each new turn
 TURNS = [
@@ -223,11 +224,17 @@ def test_an_unloaded_engines_session_moves_to_the_other_and_comes_back(server):
         time.sleep(0.2)
     assert not _ready(server, "llm_b")
     before = _counters(server)
+    failovers = metric(server.metrics(), FAILOVERS, "omni", engine="llm_b")
     moved = [run_omni(server.grpc_url, **ask, session_id=session) for _ in range(2)]
     for result in moved:  # served, by llm_a, with the same answer
         assert result.error is None, result.error
         assert result.metrics["thinker_model"] == "llm_a"
         assert result.text == reference.text
+    # the first found llm_b down; the second went straight to llm_a
+    assert moved[0].metrics["thinker_passed_over"] == ["llm_b"]
+    assert "thinker_passed_over" not in moved[1].metrics
+    assert metric(server.metrics(), FAILOVERS, "omni", engine="llm_b") == failovers + 1
+    assert metric(server.metrics(), FAILOVERS, "omni", engine="llm_a") == 0
     after = _settled(server, before, 2 * REPLY_TOKENS)
     assert after["llm_a"][GENERATED] - before["llm_a"][GENERATED] == 2 * REPLY_TOKENS
     log = server.log_path.read_text(errors="replace")

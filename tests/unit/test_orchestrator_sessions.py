@@ -220,10 +220,12 @@ def test_a_session_whose_engine_is_down_is_served_by_the_next_one():
     (events,) = run_all(pipeline, cfg, [tensors("hi", **session)])
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "w0 w1 w2 "
     assert events[-1].metrics["thinker_model"] == "llm_a"
+    assert events[-1].metrics["thinker_passed_over"] == ["llm_b"]
     assert [m for m, _ in stages.thinker_calls] == ["llm_b", "llm_a"]
     # the next turn goes straight to llm_a while llm_b is passed over
     (events,) = run_all(pipeline, cfg, [tensors("again", **session)])
     assert events[-1].metrics["thinker_model"] == "llm_a"
+    assert "thinker_passed_over" not in events[-1].metrics
     assert [m for m, _ in stages.thinker_calls] == ["llm_b", "llm_a", "llm_a"]
     assert pipeline.thinkers.in_flight == {"llm_a": 0, "llm_b": 0}
 

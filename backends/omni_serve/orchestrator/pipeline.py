@@ -134,6 +134,7 @@ class Timings:
     prompt_tokens: int = 0  # the thinker's (or, reading aloud, the text's) tokens
     completion_tokens: int = 0  # the thinker's reply tokens
     thinker_model: str | None = None  # the thinker engine that served the request
+    passed_over: list[str] = field(default_factory=list)  # thinker engines found down
 
     def add(self, role: str, seconds: float) -> None:
         self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
@@ -154,6 +155,8 @@ class Timings:
         }
         if self.thinker_model is not None:
             out["thinker_model"] = self.thinker_model
+        if self.passed_over:
+            out["thinker_passed_over"] = list(self.passed_over)
         if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
             out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
         return out
@@ -355,6 +358,7 @@ class OmniPipeline:
                     self.thinkers.mark_down(engine)
                     if len(tried) == len(self.thinkers.engines):
                         raise
+                    t.passed_over.append(engine)
                     log.warning("%s; passing it over for %g s, request %s goes to the next "
                                 "engine", e, self.thinkers.retry_after_s, req.request_id)
 
