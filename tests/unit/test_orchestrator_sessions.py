@@ -278,3 +278,22 @@ def test_a_rejected_request_is_not_sent_to_another_engine():
         run_all(pipeline, cfg, [tensors("x", **{OMNI.SESSION_ID: _session_on("llm_b")})])
     assert [m for m, _ in stages.thinker_calls] == ["llm_b"]
     assert not pipeline.thinkers.is_down("llm_b")
+
+
+def test_a_consumer_that_fails_closes_the_engines_stream_at_once():
+    cfg = engines_config()
+    stages = TwoThinkers(reply_tokens=50, token_delay=0.001)
+    pipeline = OmniPipeline(cfg, stages)
+
+    def emit(event):
+        if isinstance(event, TextDelta):
+            raise RuntimeError("the client is gone")
+
+    async def main():
+        with pytest.raises(RuntimeError, match="the client is gone"):
+            await pipeline.run(parse_request("r", tensors("hi"), cfg), emit)
+        # before the loop runs anything else: the engine's stream is closed already
+        return set(stages.open_streams), list(stages.closed_early)
+
+    assert asyncio.run(main()) == (set(), ["llm"])
+    assert pipeline.thinkers.in_flight == {"llm_a": 0, "llm_b": 0}

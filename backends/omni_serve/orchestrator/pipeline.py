@@ -344,12 +344,15 @@ class OmniPipeline:
                 t.thinker_model = engine
                 answered = False
                 try:
-                    async for out in self._stream("thinker", inputs, outputs,
-                                                  f"{req.request_id}-thinker", t, model=engine):
-                        if not answered:
-                            answered = True
-                            self.thinkers.mark_up(engine)
-                        yield out
+                    # (aclosing: closed at once, also when our own consumer closes us)
+                    async with contextlib.aclosing(self._stream(
+                            "thinker", inputs, outputs, f"{req.request_id}-thinker", t,
+                            model=engine)) as responses:
+                        async for out in responses:
+                            if not answered:
+                                answered = True
+                                self.thinkers.mark_up(engine)
+                            yield out
                     return
                 except StageFailedError as e:
                     tried.append(engine)
