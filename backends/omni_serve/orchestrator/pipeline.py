@@ -225,9 +225,13 @@ class OmniPipeline:
         model = model or getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
         try:
-            async for out in self.client.stream(model, inputs, outputs, request_id=request_id,
-                                                timeout_s=self.cfg.stage_timeout_s):
-                yield out
+            # aclosing here and around every stage stream below: a stream whose consumer
+            # stops is closed at once (the gRPC call cancelled), not when it is collected
+            async with contextlib.aclosing(self.client.stream(
+                    model, inputs, outputs, request_id=request_id,
+                    timeout_s=self.cfg.stage_timeout_s)) as responses:
+                async for out in responses:
+                    yield out
         except StageCallError as e:
             raise StageFailedError(role, model, e.message, e.code) from e
         finally:
@@ -301,7 +305,6 @@ class OmniPipeline:
         limit = self.cfg.first_segment_tokens
         text: list[str] = []
         finish = ""
-        # (aclosing: whatever ends this loop closes the engine's stream at once)
         async with contextlib.aclosing(self._thinker_stream(req, inputs, t)) as responses:
             async for out in responses:
                 t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
@@ -344,7 +347,6 @@ class OmniPipeline:
                 t.thinker_model = engine
                 answered = False
                 try:
-                    # (aclosing: closed at once, also when our own consumer closes us)
                     async with contextlib.aclosing(self._stream(
                             "thinker", inputs, outputs, f"{req.request_id}-thinker", t,
                             model=engine)) as responses:
@@ -434,9 +436,10 @@ class OmniPipeline:
                 decoders.release()
 
         try:
-            async for chunk in self._talk(req, segment, index, t):
-                await decoders.acquire()
-                decodes.put_nowait(tg.create_task(decode(chunk)))
+            async with contextlib.aclosing(self._talk(req, segment, index, t)) as chunks:
+                async for chunk in chunks:
+                    await decoders.acquire()
+                    decodes.put_nowait(tg.create_task(decode(chunk)))
         finally:
             talkers.release()
             decodes.put_nowait(None)
@@ -460,16 +463,18 @@ class OmniPipeline:
         }
         codes: list[int] = []
         done = 0  # codes already planned into chunks
-        async for out in self._stream("talker", inputs, [LLM.TOKEN_IDS],
-                                      f"{req.request_id}-talker-{index}", t):
-            ids = out.get(LLM.TOKEN_IDS)
-            if ids is None:
-                continue
-            codes.extend(int(i) - codec.offset for i in np.asarray(ids).reshape(-1)
-                         if codec.offset <= int(i) < codec.offset + codec.size)
-            for chunk in self._plan_chunks(codes, index, done, final=False):
-                done = chunk.end
-                yield chunk
+        async with contextlib.aclosing(self._stream(
+                "talker", inputs, [LLM.TOKEN_IDS], f"{req.request_id}-talker-{index}",
+                t)) as responses:
+            async for out in responses:
+                ids = out.get(LLM.TOKEN_IDS)
+                if ids is None:
+                    continue
+                codes.extend(int(i) - codec.offset for i in np.asarray(ids).reshape(-1)
+                             if codec.offset <= int(i) < codec.offset + codec.size)
+                for chunk in self._plan_chunks(codes, index, done, final=False):
+                    done = chunk.end
+                    yield chunk
         for chunk in self._plan_chunks(codes, index, done, final=True):
             yield chunk
 
