@@ -238,15 +238,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cancels", type=int, default=5)
     ap.add_argument("--busy", type=int, default=0,
                     help="CPU-bound processes to run beside the server (other work on the host)")
-    ap.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES),
-                    help="what to compare (spin is always the baseline)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report", type=Path, help="only print the table of a results file")
     args = ap.parse_args(argv)
     if args.report:
         print(to_markdown(_read_report(args.report)))
         return 0
-    sides = ["spin"] + [name for name in args.sides if name != "spin"]
+    sides = list(SIDES)  # spin first: the baseline of the ratios
 
     from omni_tools import gen_repo, spec
     from omni_tools.tiny_models import ensure_model
