@@ -105,3 +105,10 @@ def run(url: str, prompt, *, stream: bool | None, sampling=None, parameters=None
 def metric(text: str, name: str, model: str = MODEL, **labels: str) -> float:
     """Value of the Prometheus sample `name{model="...",...}` in the metrics text."""
     return metric_sample(text, name, model=model, **labels)
+
+
+def cancel_limit(sent: int, total: int) -> float:
+    """What an engine may have generated in all when a client cancelled a `total`-token reply
+    after receiving `sent` tokens: less than that plus half of what was left (a cancel that
+    did nothing leaves it generating `total`)."""
+    return sent + (total - sent) / 2
