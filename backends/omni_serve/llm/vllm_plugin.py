@@ -18,11 +18,20 @@ docs/benchmarks.md). Sleeping a few microseconds instead of yielding keeps
 the hand-over fast (the sleep ends within ~0.1 ms) and lets the kernel run
 everyone else.
 
-`OMNI_VLLM_SPIN_SLEEP_US` sets the sleep in microseconds; 0 keeps vLLM's
-own `sched_yield()` spin. Default: 50 on the CPU platform, 0 elsewhere.
+`OMNI_VLLM_SPIN_SLEEP_US` sets the first sleep of a wait in microseconds (0
+keeps vLLM's own `sched_yield()` spin); each further poll of the same wait
+sleeps twice as long, up to `OMNI_VLLM_SPIN_SLEEP_MAX_US`, and a message read
+starts over. A hand-over that comes quickly (the worker waiting for the next
+step's schedule) is still seen within ~0.1 ms, while a reader waiting out a
+step's compute wakes a few times instead of every 0.1 ms: with a fixed
+50 us, four such readers (two engines) starved other processes on a busy
+2-core host, a 100 ms sleep lasting up to 3 s and streamed responses stalling
+0.6-1.8 s under four speech requests (tools/bench_cold.py). Defaults on the
+CPU platform: 50 and 1000; elsewhere vLLM's spin.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -32,31 +41,56 @@ log = logging.getLogger("vllm.omni_spin_sleep")
 
 ENV = "OMNI_VLLM_SPIN_SLEEP_US"
 CPU_DEFAULT_US = 50.0
+MAX_ENV = "OMNI_VLLM_SPIN_SLEEP_MAX_US"
+CPU_DEFAULT_MAX_US = 1000.0
 
 
-def spin_sleep_us(is_cpu: bool, environ: dict[str, str] | None = None) -> float:
-    """The pause between shared-memory polls, in microseconds (0: vLLM's spin)."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(ENV, "").strip()
+def _microseconds(environ: dict[str, str], name: str, default: float) -> float:
+    raw = environ.get(name, "").strip()
     if not raw:
-        return CPU_DEFAULT_US if is_cpu else 0.0
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
     if not value >= 0:  # also NaN
-        raise ValueError(f"{ENV} must be a number of microseconds >= 0, got {raw!r}")
+        raise ValueError(f"{name} must be a number of microseconds >= 0, got {raw!r}")
     return value
 
 
-def make_pause(us: float):
-    """A drop-in for vLLM's `sched_yield()` that sleeps `us` microseconds."""
-    seconds = us * 1e-6
+def spin_sleep_us(is_cpu: bool, environ: dict[str, str] | None = None) -> float:
+    """The first pause of a wait between shared-memory polls, in microseconds (0: vLLM's spin)."""
+    environ = os.environ if environ is None else environ
+    return _microseconds(environ, ENV, CPU_DEFAULT_US if is_cpu else 0.0)
+
+
+def spin_sleep_max_us(is_cpu: bool, environ: dict[str, str] | None = None) -> float:
+    """The longest pause of a wait (never below the first one)."""
+    environ = os.environ if environ is None else environ
+    return max(spin_sleep_us(is_cpu, environ),
+               _microseconds(environ, MAX_ENV, CPU_DEFAULT_MAX_US if is_cpu else 0.0))
+
+
+def make_pause(us: float, max_us: float | None = None):
+    """A drop-in for vLLM's `sched_yield()`: sleeps `us` microseconds, twice that on the next
+    call, up to `max_us`, until `pause.reset()` (a message was read) starts over."""
+    first = us * 1e-6
+    longest = max(us, max_us if max_us is not None else us) * 1e-6
+    current = first
 
     def pause() -> None:
-        time.sleep(seconds)
+        nonlocal current
+        time.sleep(current)
+        current = min(current * 2, longest)
 
+    def reset() -> None:
+        nonlocal current
+        current = first
+
+    pause.reset = reset
+    pause.next_us = lambda: current * 1e6  # what the next call sleeps
     pause.omni_sleep_us = us  # lets tests and logs see what is installed
+    pause.omni_sleep_max_us = longest * 1e6
     return pause
 
 
@@ -64,16 +98,30 @@ def register() -> None:
     """Entry point (vllm.general_plugins): install the pause where vLLM looks it up."""
     from vllm.platforms import current_platform  # noqa: PLC0415
 
-    us = spin_sleep_us(current_platform.is_cpu())
+    is_cpu = current_platform.is_cpu()
+    us = spin_sleep_us(is_cpu)
     if us <= 0:
         return
     import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast  # noqa: PLC0415
     import vllm.distributed.utils as dist_utils  # noqa: PLC0415
 
-    pause = make_pause(us)
+    pause = make_pause(us, spin_sleep_max_us(is_cpu))
     # shm_broadcast imported the function by name, so both module globals are set
     for module in (dist_utils, shm_broadcast):
         if hasattr(module, "sched_yield"):
             module.sched_yield = pause
-    log.info("omni: vLLM shared-memory readers sleep %g us between polls (pid %d)",
-              us, os.getpid())
+    _reset_on_read(shm_broadcast.SpinCondition, pause)
+    log.info("omni: vLLM shared-memory readers sleep %g us between polls, doubling up to "
+             "%g us while a wait lasts (pid %d)", us, pause.omni_sleep_max_us, os.getpid())
+
+
+def _reset_on_read(spin_condition: type, pause) -> None:
+    """Start the pause over whenever a reader has read a message (SpinCondition.record_read)."""
+    record_read = spin_condition.record_read
+
+    @functools.wraps(record_read)
+    def record_read_and_reset(self) -> None:
+        record_read(self)
+        pause.reset()
+
+    spin_condition.record_read = record_read_and_reset
