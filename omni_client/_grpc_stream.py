@@ -13,7 +13,7 @@ cancel the call at once, and its errors lose their gRPC code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import grpc
 import tritonclient.grpc as grpcclient
@@ -45,8 +45,12 @@ def is_final(result: grpcclient.InferResult) -> bool:
 async def stream_request(client: grpcaio.InferenceServerClient, model: str,
                          inputs: Sequence[grpcclient.InferInput],
                          outputs: Sequence[grpcclient.InferRequestedOutput], *, request_id: str,
-                         timeout_s: float | None) -> AsyncIterator[grpcclient.InferResult]:
+                         timeout_s: float | None,
+                         parameters: Mapping[str, str | bool | int] | None = None,
+                         ) -> AsyncIterator[grpcclient.InferResult]:
     """Yield the responses of one request until (and including) its final one.
+
+    `parameters` are the request's own parameters (e.g. omni_llm's abort control).
 
     Raises:
         TimeoutError: no response within `timeout_s` (the call is cancelled).
@@ -55,7 +59,7 @@ async def stream_request(client: grpcaio.InferenceServerClient, model: str,
     request = _get_inference_request(
         model_name=model, inputs=list(inputs), model_version="", request_id=request_id,
         outputs=list(outputs), sequence_id=0, sequence_start=False, sequence_end=False,
-        priority=0, timeout=None, parameters=None)
+        priority=0, timeout=None, parameters=dict(parameters) if parameters else None)
     request.parameters[ENABLE_EMPTY_FINAL].bool_param = True
     done = asyncio.Event()
 

@@ -117,6 +117,8 @@ class TritonPythonModel:
         self.stage = LLMStage(engine_args, metrics=_TritonMetrics(self.model_name),
                               name=self.model_name)
         self.stage.start()
+        if self.stage.warmup_report:
+            pb().Logger.log_info(f"{self.model_name}: {self.stage.warmup_report}")
         exit_with_parent(lambda: self.stage.shutdown(timeout=5))
 
     def execute(self, requests):

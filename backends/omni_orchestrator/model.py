@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import threading
 
 import numpy as np
@@ -105,11 +106,15 @@ class TritonPythonModel:
                 "{ decoupled: true }")
         self.cfg = stage_config(args, OrchestratorConfig)
         self._ids = itertools.count()
+        # Child request ids name the request a stage is asked to abort in-band: unique
+        # across instances and servers that share a stage.
+        self._instance_tag = secrets.token_hex(3)
         if self.cfg.transport == "bls":
             self.client = BlsStageClient()
         else:
             remote = remote_endpoints(self.cfg)
-            self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote)
+            self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote,
+                                       call_timeout_s=self.cfg.stage_timeout_s)
             log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client, tokenize=_tokenizer(self.cfg.tokenizer))
         self.sender = ResponseSender(
@@ -136,7 +141,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             response_sender = request.get_response_sender()
-            request_id = f"{self.model_name}-{next(self._ids)}"
+            request_id = f"{self.model_name}-{self._instance_tag}-{next(self._ids)}"
             try:
                 req = parse_request(request_id, read_inputs(request, OMNI_CONTRACT), self.cfg)
             except Exception as e:

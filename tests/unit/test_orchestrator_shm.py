@@ -159,7 +159,7 @@ class FakeServer:
                 status="StatusCode.INTERNAL")
         self.regions.pop(name, None)
 
-    async def infer(self, model, inputs, outputs=None):
+    async def infer(self, model, inputs, outputs=None, client_timeout=None):
         self.infers.append(inputs)
         return None
 
@@ -170,8 +170,9 @@ class FakeServer:
         self.closed = True
 
 
-def client_for(server: FakeServer, mode: str = "auto", min_bytes: int = 64 * KIB) -> GrpcStageClient:
-    client = GrpcStageClient("127.0.0.1:8001", mode, min_bytes)
+def client_for(server: FakeServer, mode: str = "auto", min_bytes: int = 64 * KIB,
+               abort_grace_s: float = 0.2) -> GrpcStageClient:
+    client = GrpcStageClient("127.0.0.1:8001", mode, min_bytes, abort_grace_s=abort_grace_s)
     client._client = server
     return client
 
@@ -302,6 +303,7 @@ def test_a_streamed_call_releases_its_region_however_it_ends(how):
             await task
         except (asyncio.CancelledError, StageCallError):
             pass
+        await client.drain_stops()  # a cancelled stream is released once it has ended
         await client.shm.drain()
 
     asyncio.run(go())

@@ -22,11 +22,14 @@ from typing import Any, Protocol
 
 from omni_serve.contract import LLM, MM_PLACEHOLDER_TOKENS
 from omni_serve.errors import RequestError, StageUnavailableError
-from omni_serve.llm import sampling
+from omni_serve.llm import sampling, warmup
 from omni_serve.llm.embeds import PromptEmbedder
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
 log = logging.getLogger(__name__)
+
+# How long an in-band abort that found no request waits for that request to arrive.
+EARLY_ABORT_TTL_S = 60.0
 
 # Engine arguments the stage sets unless the per-stage JSON says otherwise.
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {
@@ -59,13 +62,17 @@ class NullMetrics:
     def prefix_cache(self, queries: int, hits: int) -> None: ...
 
 
-def _stat_logger_factory(metrics: StageMetrics) -> Callable:
+NULL_METRICS = NullMetrics()
+
+
+def _stat_logger_factory(metrics: Callable[[], StageMetrics]) -> Callable:
     """A vLLM StatLogger factory forwarding scheduler stats.
 
     Per engine step: running/waiting requests, and the prefix cache's queried
     and hit prompt tokens of the requests scheduled for the first time in
     that step (what vLLM's own vllm:prefix_cache_queries/_hits count;
-    preempted requests coming back are left out, as there).
+    preempted requests coming back are left out, as there). `metrics()` is
+    asked each step (the stage's own metrics are muted while it warms up).
     """
     from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
 
@@ -75,11 +82,12 @@ def _stat_logger_factory(metrics: StageMetrics) -> Callable:
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
             if scheduler_stats is not None:
-                metrics.scheduler(scheduler_stats.num_running_reqs,
-                                  scheduler_stats.num_waiting_reqs)
+                sink = metrics()
+                sink.scheduler(scheduler_stats.num_running_reqs,
+                               scheduler_stats.num_waiting_reqs)
                 cache = getattr(scheduler_stats, "prefix_cache_stats", None)
                 if cache is not None and (cache.queries or cache.hits):
-                    metrics.prefix_cache(cache.queries, cache.hits)
+                    sink.prefix_cache(cache.queries, cache.hits)
 
         def log_engine_initialized(self):
             pass
@@ -101,15 +109,23 @@ class LLMStage:
                                         name=f"{name}-engine-loop", daemon=True)
         self._live: dict[str, Future] = {}  # request id -> its task, until it ends
         self._by_client_id: dict[str, str] = {}  # caller's Triton request id -> request id
+        self._aborted: set[str] = set()  # live request ids asked to stop
+        # caller ids aborted before their request arrived -> when (kept EARLY_ABORT_TTL_S)
+        self._aborted_early: dict[str, float] = {}
         self._live_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._warming = False
         self.max_model_len: int | None = None
+        self.warmup_s: float | None = None
+        self.warmup_report = ""
 
     # --- lifecycle ---------------------------------------------------------------
-    def start(self) -> None:
-        """Start the loop and the engine (blocks until the engine is ready)."""
+    def start(self, warm_up: bool = True) -> None:
+        """Start the loop and the engine, then warm it up (blocks until both are done)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start_engine(), self._loop).result()
+        if warm_up and warmup.enabled():
+            asyncio.run_coroutine_threadsafe(self._warm_up(), self._loop).result()
 
     async def _start_engine(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
@@ -117,7 +133,8 @@ class LLMStage:
 
         args = AsyncEngineArgs(**self.engine_args)
         self.engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[_stat_logger_factory(self.metrics)])
+            args, stat_loggers=[_stat_logger_factory(
+                lambda: NULL_METRICS if self._warming else self.metrics)])
         self.max_model_len = self.engine.model_config.max_model_len
         self.embedder = None
         if self.engine_args.get("enable_prompt_embeds"):
@@ -125,6 +142,57 @@ class LLMStage:
                 self.engine.model_config.model, self._placeholder_ids())
         log.info("[%s] engine ready (model=%s, max_model_len=%s)", self.name,
                  self.engine_args.get("model"), self.max_model_len)
+
+    async def _warm_up(self) -> None:
+        """Run warmup.plan's batches through the engine, muted, then forget them.
+
+        Nothing of it is counted in the stage's metrics, and the prefix cache
+        is reset afterwards, so the first user request meets a warm engine
+        with an empty cache, as after a plain start.
+        """
+        sched = self.engine.vllm_config.scheduler_config
+        batches = warmup.plan(sched.max_num_seqs, self.max_model_len,
+                              sched.max_num_batched_tokens)
+        vocab = self.engine.model_config.get_vocab_size()
+        t0 = time.perf_counter()
+        self._warming = True
+        try:
+            salt = 0
+            for b, batch in enumerate(batches):
+                jobs = []
+                for req in batch:
+                    salt += 1
+                    ids = warmup.prompt_ids(req.prompt_len, vocab, salt)
+                    as_embeds = self.embedder is not None and b % 2 == 1
+                    jobs.append(self._warm_one(ids, req, f"warmup-{salt}", as_embeds))
+                await asyncio.gather(*jobs)
+            await self.engine.reset_prefix_cache()
+        finally:
+            self._warming = False
+        self.metrics.scheduler(0, 0)
+        self.warmup_s = time.perf_counter() - t0
+        self.warmup_report = (
+            f"warmed up in {self.warmup_s:.2f} s: {len(batches)} batches, decode batch sizes "
+            f"up to {max(len(batch) for batch in batches)}, prompts up to "
+            f"{max(r.prompt_len for batch in batches for r in batch)} tokens")
+        log.info("[%s] %s", self.name, self.warmup_report)
+
+    async def _warm_one(self, ids: list[int], req: warmup.WarmupRequest, request_id: str,
+                        as_embeds: bool) -> None:
+        from vllm import SamplingParams  # noqa: PLC0415
+
+        params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
+                                temperature=1.0 if req.seeded else 0.0,
+                                seed=len(ids) if req.seeded else None)
+        if as_embeds:
+            import torch  # noqa: PLC0415
+
+            embeds = self.embedder.weight[torch.tensor(ids, dtype=torch.long)].clone()
+            prompt = await self._render_prompt({"prompt_embeds": embeds})
+        else:
+            prompt = await self._render_prompt({"prompt_token_ids": ids})
+        async for _ in self.engine.generate(prompt, params, request_id):
+            pass
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort what is still running, wait for it, stop the engine and the loop."""
@@ -160,6 +228,12 @@ class LLMStage:
             sink.fail(StageUnavailableError(f"stage {self.name} is not serving"))
             return
         arrival = time.perf_counter() if arrival is None else arrival
+        with self._live_lock:
+            aborted_early = client_id is not None and self._aborted_early.pop(client_id, None)
+        if aborted_early:  # its abort came first: end it at once, as vLLM ends an aborted one
+            sink.send(LLMOutput(text="", finish_reason="abort", num_input_tokens=0,
+                                num_output_tokens=0, final=True))
+            return
         fut = asyncio.run_coroutine_threadsafe(self._generate(request, sink, arrival), self._loop)
         with self._live_lock:
             self._live[request.request_id] = fut
@@ -168,22 +242,41 @@ class LLMStage:
         fut.add_done_callback(lambda _: self._forget(request.request_id, client_id))
 
     def abort_client(self, client_id: str) -> bool:
-        """Abort the live request the caller submitted as `client_id`; False if none."""
+        """Abort the request the caller submitted as `client_id` (the in-band abort).
+
+        False when no such request is live; it may still be on its way (the
+        abort overtook it), so it is remembered for EARLY_ABORT_TTL_S and a
+        request arriving under that id then ends at once, aborted.
+        """
+        now = time.monotonic()
         with self._live_lock:
             request_id = self._by_client_id.get(client_id)
-        if request_id is None:
-            return False
+            if request_id is None:
+                self._aborted_early = {c: t for c, t in self._aborted_early.items()
+                                       if now - t < EARLY_ABORT_TTL_S}
+                self._aborted_early[client_id] = now
+                return False
         self.abort(request_id)
         return True
 
     def abort(self, request_id: str) -> None:
-        """Abort a request in the engine (thread-safe, no-op when finished)."""
+        """Stop a request (thread-safe, no-op when finished); its sink gets a final "abort".
+
+        The request is marked first: if the engine does not know it yet (its
+        prompt is still being rendered), the stage aborts it again as soon as
+        it appears, so an abort is never lost to that race.
+        """
+        with self._live_lock:
+            if request_id not in self._live:
+                return
+            self._aborted.add(request_id)
         if self.engine is not None and not self._loop.is_closed():
             asyncio.run_coroutine_threadsafe(self.engine.abort(request_id), self._loop)
 
     def _forget(self, request_id: str, client_id: str | None = None) -> None:
         with self._live_lock:
             self._live.pop(request_id, None)
+            self._aborted.discard(request_id)
             if client_id and self._by_client_id.get(client_id) == request_id:
                 del self._by_client_id[client_id]
 
@@ -217,6 +310,10 @@ class LLMStage:
         try:
             params = sampling.build(req.sampling, stream=req.stream)
             engine_input = await self._render(req)
+            if req.request_id in self._aborted:  # aborted while its prompt was rendered
+                sink.send(LLMOutput(text="", finish_reason="abort", num_input_tokens=0,
+                                    num_output_tokens=0, final=True))
+                return
             await self._stream(req, sink, params, engine_input, arrival)
         except RequestError as e:
             sink.fail(e)
@@ -242,6 +339,8 @@ class LLMStage:
         n_in_embeds = len(engine_input.get("prompt_embeds", ())) if isinstance(engine_input, dict) else 0
         async for out in self.engine.generate(engine_input, params, req.request_id):
             now = time.perf_counter()
+            if not out.finished and req.request_id in self._aborted:
+                await self.engine.abort(req.request_id)  # it reached the engine after its abort
             comp = out.outputs[0]
             n_in = len(out.prompt_token_ids or ()) or n_in_embeds
             new_tokens = len(comp.token_ids)

@@ -83,6 +83,9 @@ def _exc_code(e) -> str:
 
 # --- system shared memory ----------------------------------------------------------
 
+# How long a stream stopped in-band may take to end before its call is cancelled.
+ABORT_GRACE_S = 5.0
+
 SHM_PREFIX = "omni_shm"  # /dev/shm/omni_shm_<pid>_<token>_<n> while a region is being filled
 _ALIGN = 64
 
@@ -262,12 +265,16 @@ class GrpcStageClient:
     """
 
     def __init__(self, url: str, shared_memory: str = "none",
-                 shared_memory_min_bytes: int = SHM_MIN_BYTES_DEFAULT):
+                 shared_memory_min_bytes: int = SHM_MIN_BYTES_DEFAULT, *,
+                 call_timeout_s: float = 300.0, abort_grace_s: float = ABORT_GRACE_S):
         self.url = url
         self._client = None
         self.shm_mode = shared_memory
         self.shm_min_bytes = shared_memory_min_bytes
         self.shm: ShmRegions | None = ShmRegions() if use_shared_memory(shared_memory, url) else None
+        self.call_timeout_s = call_timeout_s
+        self.abort_grace_s = abort_grace_s
+        self._stopping: set[asyncio.Task] = set()  # streams being aborted in-band
 
     def _connect(self):
         if self._client is None:
@@ -334,53 +341,119 @@ class GrpcStageClient:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """One unary call. If the caller is cancelled, the call is left to finish in the
+        background instead of being cancelled (see the module docstring)."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
         infer_inputs, region = await self._place(inputs)
+        call = asyncio.ensure_future(self._connect().infer(
+            model, infer_inputs, outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+            client_timeout=self.call_timeout_s))
+        call.add_done_callback(lambda c: (c.cancelled() or c.exception(), self._release(region)))
         try:
-            result = await self._connect().infer(
-                model, infer_inputs,
-                outputs=[grpcclient.InferRequestedOutput(o) for o in outputs])
+            result = await asyncio.shield(call)
         except InferenceServerException as e:
             raise StageCallError(_exc_code(e), e.message()) from e
-        finally:
-            self._release(region)
         return self._outputs(result, outputs)
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
                      request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One streamed request; a consumer that stops early stops it in-band.
+
+        The responses are read by a task of their own, so cancelling the
+        consumer never cancels the gRPC call: the stage gets an `omni_abort`
+        control request naming `request_id`, ends the request with a final
+        "abort" response, and the stream closes normally. Only a stage that
+        does not end it within `abort_grace_s` has its call cancelled.
+        """
+        infer_inputs, region = await self._place(inputs)
+        responses: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.ensure_future(self._read(model, infer_inputs, outputs, request_id,
+                                                  timeout_s, responses))
+        answered = False
+        ended = False
+        try:
+            while True:
+                kind, item = await responses.get()
+                if kind == "end":
+                    ended = True
+                    return
+                if kind == "error":
+                    ended = True
+                    raise await self._stream_error(model, item, answered, timeout_s)
+                answered = True
+                out = self._outputs(item, outputs)
+                if out:
+                    yield out
+        finally:
+            if ended:
+                self._release(region)
+            else:
+                self._stop_in_band(model, request_id, reader, region)
+
+    async def _read(self, model: str, infer_inputs, outputs: Sequence[str], request_id: str,
+                    timeout_s: float, responses: asyncio.Queue) -> None:
+        """Put ("result", r) for every response, then ("end", None) or ("error", exc)."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
-        from omni_client._grpc_stream import StreamError, stream_request  # noqa: PLC0415
+        from omni_client._grpc_stream import stream_request  # noqa: PLC0415
 
-        infer_inputs, region = await self._place(inputs)
-        answered = False
         try:
-            # one request per gRPC stream; leaving early cancels the call, so Triton
-            # cancels the request and omni_llm aborts it in the engine
             async for result in stream_request(
                     self._connect(), model, infer_inputs,
                     [grpcclient.InferRequestedOutput(o) for o in outputs],
                     request_id=request_id, timeout_s=timeout_s):
-                answered = True
-                out = self._outputs(result, outputs)
-                if out:
-                    yield out
-        except TimeoutError:
-            raise StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s") from None
-        except StreamError as e:
-            if e.code is not None:
-                code = _STATUS.get(e.code, "INTERNAL")
-            elif not answered and not await self._model_ready(model):
-                # Triton 2.51 sends "unknown model" (unloaded, not yet loaded) in-band on a
-                # stream, without the NOT_FOUND a unary call gets: the model is not there
-                code = "UNAVAILABLE"
-            else:
-                code = "INTERNAL"
-            raise StageCallError(code, e.message) from None
-        finally:
-            self._release(region)
+                responses.put_nowait(("result", result))
+            responses.put_nowait(("end", None))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            responses.put_nowait(("error", e))
+
+    async def _stream_error(self, model: str, e: Exception, answered: bool,
+                            timeout_s: float) -> StageCallError:
+        from omni_client._grpc_stream import StreamError  # noqa: PLC0415
+
+        if isinstance(e, TimeoutError):
+            return StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s")
+        if not isinstance(e, StreamError):
+            return StageCallError("INTERNAL", f"{type(e).__name__}: {e}")
+        if e.code is not None:
+            code = _STATUS.get(e.code, "INTERNAL")
+        elif not answered and not await self._model_ready(model):
+            # Triton 2.51 sends "unknown model" (unloaded, not yet loaded) in-band on a
+            # stream, without the NOT_FOUND a unary call gets: the model is not there
+            code = "UNAVAILABLE"
+        else:
+            code = "INTERNAL"
+        return StageCallError(code, e.message)
+
+    def _stop_in_band(self, model: str, request_id: str, reader: asyncio.Future,
+                      region: str | None) -> None:
+        """Abort `request_id` with a control request and let its stream end by itself."""
+        task = asyncio.get_running_loop().create_task(
+            self._abort_and_drain(model, request_id, reader))
+        self._stopping.add(task)
+        task.add_done_callback(lambda t: (self._stopping.discard(t), self._release(region)))
+
+    async def _abort_and_drain(self, model: str, request_id: str, reader: asyncio.Future) -> None:
+        from omni_client._grpc_stream import StreamError, stream_request  # noqa: PLC0415
+        from omni_serve.contract import LLM  # noqa: PLC0415
+
+        if reader.done():
+            return
+        try:
+            async with asyncio.timeout(self.abort_grace_s):
+                async for _ in stream_request(self._connect(), model, [], [], request_id="",
+                                              timeout_s=self.abort_grace_s,
+                                              parameters={LLM.ABORT_PARAMETER: request_id}):
+                    pass
+                await asyncio.shield(reader)
+            return
+        except (TimeoutError, StreamError) as e:
+            log.warning("stage %s did not end request %s in-band within %g s (%s); "
+                        "cancelling its call", model, request_id, self.abort_grace_s, e)
+        reader.cancel()  # the gRPC cancel, as a last resort
+        await asyncio.gather(reader, return_exceptions=True)
 
     async def _model_ready(self, model: str) -> bool:
         """Whether the server has `model` ready (False also when it cannot say)."""
@@ -392,7 +465,13 @@ class GrpcStageClient:
         except (InferenceServerException, TimeoutError):
             return False
 
+    async def drain_stops(self) -> None:
+        """Wait until the streams being stopped in-band have ended."""
+        while self._stopping:
+            await asyncio.gather(*list(self._stopping), return_exceptions=True)
+
     async def close(self) -> None:
+        await self.drain_stops()
         if self._client is not None:
             if self.shm is not None:
                 await self.shm.close(self._client)
@@ -423,10 +502,13 @@ class RoutingStageClient:
             await client.close()
 
 
-def stage_client(local_url: str, remote: dict[str, str | RemoteEndpoint]
-                 ) -> GrpcStageClient | RoutingStageClient:
-    """One gRPC client per server; a router when some stages are remote."""
-    local = GrpcStageClient(local_url)
+def stage_client(local_url: str, remote: dict[str, str | RemoteEndpoint], *,
+                 call_timeout_s: float = 300.0) -> GrpcStageClient | RoutingStageClient:
+    """One gRPC client per server; a router when some stages are remote.
+
+    `call_timeout_s` bounds a unary call left to finish after its caller gave up.
+    """
+    local = GrpcStageClient(local_url, call_timeout_s=call_timeout_s)
     if not remote:
         return local
     by_endpoint: dict[RemoteEndpoint, GrpcStageClient] = {}
@@ -434,6 +516,7 @@ def stage_client(local_url: str, remote: dict[str, str | RemoteEndpoint]
     for model, where in remote.items():
         ep = RemoteEndpoint(where) if isinstance(where, str) else where
         if ep not in by_endpoint:
-            by_endpoint[ep] = GrpcStageClient(ep.url, ep.shared_memory, ep.shared_memory_min_bytes)
+            by_endpoint[ep] = GrpcStageClient(ep.url, ep.shared_memory, ep.shared_memory_min_bytes,
+                                              call_timeout_s=call_timeout_s)
         clients[model] = by_endpoint[ep]
     return RoutingStageClient(local, clients)
