@@ -4,12 +4,16 @@ Starts a new tritonserver on the omni-chat preset (nothing warmed by earlier
 requests), sends `--waves` waves of `--concurrency` long speech requests
 (text + audio out, `--tokens` greedy tokens with ignore_eos) through the
 asyncio SDK, cancels each `--cancel-after` seconds after its first text, and
-measures per request: time to first text and first audio; per wave: how long
+measures per request: time to first text and first audio, and the longest
+silence between two events of its stream; per wave: the longest gap of a
+process beside the server that sleeps 10 ms in a loop (other processes'
+wake-ups), how long
 after the last cancel every vLLM engine reports no running request, and
 whether any token was generated after that.
 
     .venv/bin/python tools/bench_cold.py --out docs/benchmarks/cold_start.json
     .venv/bin/python tools/bench_cold.py --busy 2   # beside two CPU-bound loops
+    .venv/bin/python tools/bench_cold.py --server-env OMNI_VLLM_SPIN_SLEEP_MAX_US=50
 
 Prints one line per request and per wave and a summary; exits non-zero when a
 first text took longer than `--ttft-bound` or an engine stayed busy for more
@@ -35,6 +39,16 @@ from omni_client import AsyncOmniClient, AudioChunk, TextDelta  # noqa: E402
 from omni_tools.server import TritonServer, metric_sample  # noqa: E402
 
 ENGINES = ("llm", "talker")
+# Beside the server while a wave runs: sleeps 10 ms in a loop, prints its longest gap (s).
+HEARTBEAT = """
+import sys, time
+last = time.monotonic(); worst = 0.0
+while True:
+    time.sleep(0.01)
+    now = time.monotonic(); worst = max(worst, now - last); last = now
+    if now - start > float(sys.argv[1]): break
+print(worst)
+"""
 PROMPT = "speak for a long time"
 
 
@@ -79,9 +93,13 @@ async def one_request(client: AsyncOmniClient, index: int, args) -> dict:
 
 
 async def wave(server: TritonServer, first: int, args) -> tuple[list[dict], dict]:
+    beat = subprocess.Popen([sys.executable, "-c", "import time; start = time.monotonic()\n"
+                             + HEARTBEAT, str(args.cancel_after + 2)],
+                            stdout=subprocess.PIPE, text=True)
     async with AsyncOmniClient(server.grpc_url, timeout=120) as client:
         rows = await asyncio.gather(*(one_request(client, first + i, args)
                                       for i in range(args.concurrency)))
+    worst_gap = float(beat.communicate(timeout=60)[0].strip())
     cancelled = time.monotonic()
     deadline = cancelled + 30
     while True:
@@ -92,7 +110,7 @@ async def wave(server: TritonServer, first: int, args) -> tuple[list[dict], dict
     idle_s = time.monotonic() - cancelled
     await asyncio.sleep(1.0)
     later = engine_state(server.metrics_url)
-    return rows, {"idle_after_s": round(idle_s, 3),
+    return rows, {"heartbeat_worst_gap_s": round(worst_gap, 3), "idle_after_s": round(idle_s, 3),
                   "running_then": {e: state[e][0] for e in ENGINES},
                   "tokens_after_idle": {e: later[e][1] - state[e][1] for e in ENGINES}}
 
@@ -107,8 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-bound", type=float, default=5.0)
     p.add_argument("--busy", type=int, default=0, help="CPU-bound loops beside the server")
     p.add_argument("--repo", type=Path, help="an omni-chat repository (default: generate one)")
+    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the server (repeatable), e.g. "
+                        "OMNI_VLLM_SPIN_SLEEP_MAX_US=50 for the earlier fixed 50 us polls")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    server_env = dict(item.split("=", 1) for item in args.server_env)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_cold_"))
     repo = args.repo or tmp / "repo"
@@ -116,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([str(Path(sys.prefix) / "bin" / "omni-gen-repo"), "--preset", "omni-chat",
                         "-o", str(repo)], check=True)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    server = TritonServer(repo, log_path=tmp / "tritonserver.log")
+    server = TritonServer(repo, log_path=tmp / "tritonserver.log", env=server_env)
     requests: list[dict] = []
     waves: list[dict] = []
     try:
@@ -137,13 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         for b in busy:
             b.kill()
     ttfts = [r.get("first_text_s", float("inf")) for r in requests]
+    silence = max(r["longest_silence_s"] for r in requests)
     worst_idle = max(w["idle_after_s"] for w in waves)
+    worst_beat = max(w["heartbeat_worst_gap_s"] for w in waves)
     late_tokens = sum(sum(w["tokens_after_idle"].values()) for w in waves)
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "server_ready_s": round(ready_s, 1),
               "requests": requests, "waves": waves,
-              "worst_first_text_s": max(ttfts), "worst_idle_after_s": worst_idle,
+              "worst_first_text_s": max(ttfts), "worst_silence_s": silence,
+              "worst_idle_after_s": worst_idle, "heartbeat_worst_gap_s": worst_beat,
               "tokens_after_idle": late_tokens}
-    print(f"first text: worst {max(ttfts):.3f} s of {len(ttfts)} requests; engines idle at worst "
+    print(f"first text: worst {max(ttfts):.3f} s of {len(ttfts)} requests; longest silence in a "
+          f"stream {silence:.3f} s; heartbeat gap {worst_beat:.3f} s; engines idle at worst "
           f"{worst_idle:.3f} s after the cancels; {late_tokens:g} tokens generated after that")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level  # noqa: E402
 
 from omni_client._llm_io import build_inputs  # noqa: E402
-from omni_serve.llm.vllm_plugin import ENV  # noqa: E402
+from omni_serve.llm.vllm_plugin import ENV, MAX_ENV  # noqa: E402
 
-SIDES = {"spin": {ENV: "0"}, "sleep": {}}  # vLLM's own spin; the plugin's default
+# vLLM's own spin; the plugin's default (50 us doubling to 1 ms); a fixed 50 us (the earlier default)
+SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep50": {MAX_ENV: "50"}}
 LONG = {"temperature": 0, "max_tokens": 1800, "ignore_eos": True}
 
 _HEARTBEAT = """
