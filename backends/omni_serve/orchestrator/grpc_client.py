@@ -3,9 +3,16 @@
 Every stage call is an ordinary Triton gRPC request (tritonclient's asyncio
 client and Triton's service stub), to this server (the default: its gRPC
 endpoint is read from the tritonserver command line) or to another one. No
-Python-backend objects cross threads, a child stream is cancelled like any
-client's (Triton then cancels the request, omni_llm aborts it in vLLM), and
-errors keep their gRPC status (the `triton_grpc_error` stream header).
+Python-backend objects cross threads, and errors keep their gRPC status (the
+`triton_grpc_error` stream header).
+
+Calls are stopped without gRPC cancels, because Triton 2.51 can abort the
+server when a cancel races a request's completion (upstream issue #7368): a
+stream whose consumer stops gets an in-band `omni_abort` control request and
+is read to its end by a task of its own (omni_llm ends it with a final
+"abort" response); a unary call whose caller gives up is left to finish.
+A gRPC cancel is the last resort, for a stream not ended `abort_grace_s`
+after its abort.
 
 A stage on another server on this host gets its large inputs (the thinker's
 `mm_embeds`) through Triton system shared memory instead of inside the gRPC
@@ -37,6 +44,9 @@ log = logging.getLogger(__name__)
 
 _WIRE = {np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
          np.dtype(np.float32): "FP32", np.dtype(np.uint8): "UINT8", np.dtype(np.uint32): "UINT32"}
+# How long a stream stopped in-band may take to end before its call is cancelled.
+ABORT_GRACE_S = 5.0
+
 _STATUS = {"INVALID_ARGUMENT": "INVALID_ARG", "UNAVAILABLE": "UNAVAILABLE",
            "NOT_FOUND": "UNAVAILABLE", "CANCELLED": "CANCELLED",
            "DEADLINE_EXCEEDED": "UNAVAILABLE"}
@@ -82,9 +92,6 @@ def _exc_code(e) -> str:
 
 
 # --- system shared memory ----------------------------------------------------------
-
-# How long a stream stopped in-band may take to end before its call is cancelled.
-ABORT_GRACE_S = 5.0
 
 SHM_PREFIX = "omni_shm"  # /dev/shm/omni_shm_<pid>_<token>_<n> while a region is being filled
 _ALIGN = 64
@@ -341,8 +348,8 @@ class GrpcStageClient:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """One unary call. If the caller is cancelled, the call is left to finish in the
-        background instead of being cancelled (see the module docstring)."""
+        """One unary call; if the caller is cancelled, the call is left to finish (bounded by
+        `call_timeout_s`) and releases its shared memory then."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
@@ -350,11 +357,15 @@ class GrpcStageClient:
         call = asyncio.ensure_future(self._connect().infer(
             model, infer_inputs, outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
             client_timeout=self.call_timeout_s))
-        call.add_done_callback(lambda c: (c.cancelled() or c.exception(), self._release(region)))
+        call.add_done_callback(lambda _: self._release(region))
         try:
             result = await asyncio.shield(call)
         except InferenceServerException as e:
             raise StageCallError(_exc_code(e), e.message()) from e
+        except asyncio.CancelledError:
+            # nobody awaits the call now: retrieve its outcome so asyncio does not report it
+            call.add_done_callback(lambda c: c.cancelled() or c.exception())
+            raise
         return self._outputs(result, outputs)
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
