@@ -209,7 +209,7 @@ def _ready(server, model: str) -> bool:
 
 
 def test_an_unloaded_engines_session_moves_to_the_other_and_comes_back(server):
-    """Last in this module: it unloads llm_b (and loads it again)."""
+    """It unloads llm_b and loads it again, also when it fails."""
     session = _session_id("llm_b", "failover")
     text = "Where does the lighthouse keeper live?"
     ask = dict(text=text, sampling=SAMPLING)
@@ -219,6 +219,14 @@ def test_an_unloaded_engines_session_moves_to_the_other_and_comes_back(server):
 
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.unload_model("llm_b")
+    try:
+        _moves_and_comes_back(server, client, ask, session, reference)
+    finally:  # loaded again however the test ends, so the module's server is as it was
+        if not _ready(server, "llm_b"):
+            client.load_model("llm_b")
+
+
+def _moves_and_comes_back(server, client, ask: dict, session: str, reference) -> None:
     deadline = time.monotonic() + 60
     while _ready(server, "llm_b") and time.monotonic() < deadline:
         time.sleep(0.2)

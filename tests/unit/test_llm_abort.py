@@ -137,3 +137,29 @@ def test_an_abort_the_engine_heard_before_it_knew_the_request_is_sent_again():
     assert sink.outputs[-1].finish_reason == "abort"
     assert len(engine.abort_calls) >= 2 and engine.aborted == {"llm-2-omni-2-thinker"}
     assert len(sink.outputs) < 10  # stopped after its first step, not at 900 tokens
+
+
+def test_a_requests_tokens_are_counted_before_its_final_response_goes_out():
+    stage, engine = _stage()
+    counted: list[tuple[int, int]] = []
+    seen_at_final: list[list] = []
+    stage.metrics = SimpleNamespace(time_to_first_token=lambda s: None,
+                                    time_per_output_token=lambda s: None,
+                                    tokens=lambda p, g: counted.append((p, g)),
+                                    scheduler=lambda r, w: None, prefix_cache=lambda q, h: None)
+
+    class Watching(Sink):
+        def send(self, output):
+            if output.final:
+                seen_at_final.append(list(counted))
+            super().send(output)
+
+    sink = Watching()
+    stage.submit(_request("llm-3-omni-3-thinker"), sink, client_id="omni-3-thinker")
+    _on_loop(stage, engine.step.set)
+    _wait(lambda: len(sink.outputs) >= 3)
+    stage.abort("llm-3-omni-3-thinker")
+
+    assert sink.done.wait(5)
+    streamed = sum(len(o.token_ids) for o in sink.outputs)
+    assert seen_at_final == [[(2, streamed)]]  # a client holding the final sees the count

@@ -352,9 +352,13 @@ class LLMStage:
             text = comp.text
             if not req.stream and not req.exclude_input_in_output:
                 text = (out.prompt or req.prompt or "") + text
+            if out.finished:  # counted before the final response goes: whoever has it sees them
+                self._count(n_in, n_out, first_at, last_at)
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
                                 num_input_tokens=n_in, num_output_tokens=n_out,
                                 final=out.finished, token_ids=tuple(comp.token_ids)))
+
+    def _count(self, n_in: int, n_out: int, first_at: float | None, last_at: float) -> None:
         self.metrics.tokens(n_in, n_out)
         if first_at is not None and n_out > 1:  # vLLM's definition: decode time / (n - 1)
             self.metrics.time_per_output_token((last_at - first_at) / (n_out - 1))
