@@ -42,7 +42,7 @@ ENGINES = ("llm", "talker")
 # Beside the server while a wave runs: sleeps 10 ms in a loop, prints its longest gap (s).
 HEARTBEAT = """
 import sys, time
-last = time.monotonic(); worst = 0.0
+start = last = time.monotonic(); worst = 0.0
 while True:
     time.sleep(0.01)
     now = time.monotonic(); worst = max(worst, now - last); last = now
@@ -93,14 +93,12 @@ async def one_request(client: AsyncOmniClient, index: int, args) -> dict:
 
 
 async def wave(server: TritonServer, first: int, args) -> tuple[list[dict], dict]:
-    beat = subprocess.Popen([sys.executable, "-c", "import time; start = time.monotonic()\n"
-                             + HEARTBEAT, str(args.cancel_after + 2)],
+    beat = subprocess.Popen([sys.executable, "-c", HEARTBEAT, str(args.cancel_after + 2)],
                             stdout=subprocess.PIPE, text=True)
     async with AsyncOmniClient(server.grpc_url, timeout=120) as client:
         rows = await asyncio.gather(*(one_request(client, first + i, args)
                                       for i in range(args.concurrency)))
-    worst_gap = float(beat.communicate(timeout=60)[0].strip())
-    cancelled = time.monotonic()
+    cancelled = time.monotonic()  # every request of the wave is cancelled now
     deadline = cancelled + 30
     while True:
         state = engine_state(server.metrics_url)
@@ -108,6 +106,7 @@ async def wave(server: TritonServer, first: int, args) -> tuple[list[dict], dict
             break
         await asyncio.sleep(0.05)
     idle_s = time.monotonic() - cancelled
+    worst_gap = float(beat.communicate(timeout=60)[0].strip())
     await asyncio.sleep(1.0)
     later = engine_state(server.metrics_url)
     return rows, {"heartbeat_worst_gap_s": round(worst_gap, 3), "idle_after_s": round(idle_s, 3),

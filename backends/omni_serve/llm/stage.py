@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 # How long an in-band abort that found no request waits for that request to arrive.
 EARLY_ABORT_TTL_S = 60.0
 
+
+def _aborted_output() -> LLMOutput:
+    """The final output of a request stopped before the engine ran it (as vLLM ends one)."""
+    return LLMOutput(text="", finish_reason="abort", num_input_tokens=0, num_output_tokens=0,
+                     final=True)
+
 # Engine arguments the stage sets unless the per-stage JSON says otherwise.
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "disable_log_stats": True,  # our stat logger still receives the stats
@@ -116,8 +122,7 @@ class LLMStage:
         self._stopping = threading.Event()
         self._warming = False
         self.max_model_len: int | None = None
-        self.warmup_s: float | None = None
-        self.warmup_report = ""
+        self.warmup_report = ""  # what the warm-up did and how long it took
 
     # --- lifecycle ---------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
@@ -170,9 +175,8 @@ class LLMStage:
         finally:
             self._warming = False
         self.metrics.scheduler(0, 0)
-        self.warmup_s = time.perf_counter() - t0
         self.warmup_report = (
-            f"warmed up in {self.warmup_s:.2f} s: {len(batches)} batches, decode batch sizes "
+            f"warmed up in {time.perf_counter() - t0:.2f} s: {len(batches)} batches, decode batch sizes "
             f"up to {max(len(batch) for batch in batches)}, prompts up to "
             f"{max(r.prompt_len for batch in batches for r in batch)} tokens")
         log.info("[%s] %s", self.name, self.warmup_report)
@@ -230,9 +234,8 @@ class LLMStage:
         arrival = time.perf_counter() if arrival is None else arrival
         with self._live_lock:
             aborted_early = client_id is not None and self._aborted_early.pop(client_id, None)
-        if aborted_early:  # its abort came first: end it at once, as vLLM ends an aborted one
-            sink.send(LLMOutput(text="", finish_reason="abort", num_input_tokens=0,
-                                num_output_tokens=0, final=True))
+        if aborted_early:  # its abort came first: end it at once
+            sink.send(_aborted_output())
             return
         fut = asyncio.run_coroutine_threadsafe(self._generate(request, sink, arrival), self._loop)
         with self._live_lock:
@@ -311,8 +314,7 @@ class LLMStage:
             params = sampling.build(req.sampling, stream=req.stream)
             engine_input = await self._render(req)
             if req.request_id in self._aborted:  # aborted while its prompt was rendered
-                sink.send(LLMOutput(text="", finish_reason="abort", num_input_tokens=0,
-                                    num_output_tokens=0, final=True))
+                sink.send(_aborted_output())
                 return
             await self._stream(req, sink, params, engine_input, arrival)
         except RequestError as e:
