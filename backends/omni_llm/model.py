@@ -52,6 +52,9 @@ class _TritonMetrics:
                                 "Requests the vLLM scheduler is running")
         self._waiting = m.gauge("omni_llm_engine_waiting_requests",
                                 "Requests waiting in the vLLM scheduler")
+        self._in_flight = m.gauge("omni_llm_requests_in_flight",
+                                  "Requests the stage holds: submitted, their last output not yet "
+                                  "handed to the response sender (exact, unlike the engine gauges)")
         # hit rate = hits / queries (vLLM's vllm:prefix_cache_queries / _hits)
         self._cache_queries = m.counter("omni_llm_prefix_cache_queries_total",
                                         "Prompt tokens looked up in vLLM's prefix cache")
@@ -75,6 +78,9 @@ class _TritonMetrics:
     def prefix_cache(self, queries: int, hits: int) -> None:
         self._cache_queries.increment(queries)
         self._cache_hits.increment(hits)
+
+    def in_flight(self, requests: int) -> None:
+        self._in_flight.set(requests)
 
 
 def _response(req: LLMRequest, out: LLMOutput):

@@ -63,26 +63,31 @@ def _response(events: list):
 
 
 class _CancelLatch:
-    """Cancels a request's future, also when the client cancelled before it existed."""
+    """Cancels a request's task, also when the client cancelled before it started.
+
+    The task cancels itself (attach runs inside it), never its future from
+    outside: a task cancelled before its first step would never enter `_run`,
+    so the request would get no final response and stay counted in flight.
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._future = None
+        self._cancel = None
         self._cancelled = False
 
     def set(self) -> None:
         with self._lock:
             self._cancelled = True
-            future = self._future
-        if future is not None:
-            future.cancel()
+            cancel = self._cancel
+        if cancel is not None:
+            cancel()
 
-    def attach(self, future) -> None:
+    def attach(self, cancel) -> None:
         with self._lock:
-            self._future = future
+            self._cancel = cancel
             cancelled = self._cancelled
         if cancelled:
-            future.cancel()
+            cancel()
 
 
 def _tokenizer(path: str | None):
@@ -137,6 +142,11 @@ class TritonPythonModel:
             "omni_thinker_failovers_total",
             "Requests sent on to another thinker engine because this one was found down",
             "engine", self.cfg.stages.thinkers)
+        self._in_flight = m.gauge("omni_requests_in_flight",
+                                  "Requests being served: accepted, their pipeline not yet ended "
+                                  "(0 means no stage call of this model is running or will start)")
+        self._in_flight_lock = threading.Lock()
+        self._in_flight_n = 0
 
     def execute(self, requests):
         for request in requests:
@@ -152,17 +162,27 @@ class TritonPythonModel:
             # is_cancelled() on a finished request segfaults Triton 2.51's stub.
             cancel = _CancelLatch()
             outbox = Outbox(self.sender, response_sender, merge=_response, on_cancel=cancel.set)
-            cancel.attach(asyncio.run_coroutine_threadsafe(self._run(req, outbox), self.loop))
+            self._count_in_flight(+1)
+            asyncio.run_coroutine_threadsafe(self._run(req, outbox, cancel), self.loop)
         return None
 
-    async def _run(self, req, outbox: Outbox) -> None:
+    async def _run(self, req, outbox: Outbox, cancel: _CancelLatch) -> None:
+        task = asyncio.current_task()
         try:
+            cancel.attach(lambda: self.loop.call_soon_threadsafe(task.cancel))
             await self.pipeline.run(req, lambda event: self._emit(outbox, event))
         except asyncio.CancelledError:
             outbox.send(Final("cancelled", {}))
         except Exception as e:
             log.warning("[%s] request %s failed: %s", self.model_name, req.request_id, e)
             outbox.fail(e)
+        finally:
+            self._count_in_flight(-1)
+
+    def _count_in_flight(self, delta: int) -> None:
+        with self._in_flight_lock:
+            self._in_flight_n += delta
+            self._in_flight.set(self._in_flight_n)
 
     def _emit(self, outbox: Outbox, event) -> None:
         if isinstance(event, Final):

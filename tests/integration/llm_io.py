@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,3 +113,23 @@ def cancel_limit(sent: int, total: int) -> float:
     after receiving `sent` tokens: less than that plus half of what was left (a cancel that
     did nothing leaves it generating `total`)."""
     return sent + (total - sent) / 2
+
+
+def wait_idle(server, llm_models=(MODEL,), orchestrators=(), timeout: float = 15.0) -> dict:
+    """Poll until nothing runs: each orchestrator has no request in flight, each LLM stage
+    holds none and its engine runs none. Returns what the last scrape showed.
+
+    Once they are all 0 no token can be generated until a new request comes (the
+    orchestrator starts no stage call, the stages count a request's tokens before
+    letting it go), so counters read then are final: no settling time is needed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        text = server.metrics()
+        seen = {f"{m} in flight": metric(text, "omni_requests_in_flight", m) for m in orchestrators}
+        for m in llm_models:
+            seen[f"{m} in flight"] = metric(text, "omni_llm_requests_in_flight", m)
+            seen[f"{m} running"] = metric(text, "omni_llm_engine_running_requests", m)
+        if not any(seen.values()) or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)

@@ -17,7 +17,7 @@ from omni_serve.orchestrator.grpc_client import SHM_PREFIX
 from omni_tools.server import TritonServer, free_port
 from omni_tools.spec import load_preset
 
-from .llm_io import cancel_limit, metric
+from .llm_io import cancel_limit, metric, wait_idle
 from .omni_io import OmniResult, OmniStream, omni_inputs, png, run_omni
 
 pytestmark = pytest.mark.integration
@@ -142,11 +142,9 @@ def test_a_cancel_crosses_the_hop(servers):
     assert _engine_busy(engine, before), "the remote thinker finished before it was seen running"
     sent = len(stream.received().deltas)
     stream.close(cancel=True)
-    deadline = time.monotonic() + 15
-    while metric(engine.metrics(), "omni_llm_engine_running_requests", "llm") != 0 \
-            and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.5)
+    idle = wait_idle(front, llm_models=(), orchestrators=("omni",))  # no call will start
+    idle.update(wait_idle(engine))  # and the thinker's has ended
+    assert not any(idle.values()), idle
     generated = metric(engine.metrics(), "omni_llm_generation_tokens_total", "llm") - before
     # started on the engine server and aborted there: of what it had left when the client
     # cancelled, it generated less than half
@@ -204,15 +202,30 @@ def test_a_cancelled_image_request_releases_its_region(servers):
     assert len(regions) == 1  # the running request's mm_embeds
     assert _wait_for_no_regions(engine) == []  # released once Triton let go of the request
     assert _dev_shm() == []
+    idle = wait_idle(front, llm_models=(), orchestrators=("omni",))
+    idle.update(wait_idle(engine))
+    assert not any(idle.values()), idle
     generated = metric(engine.metrics(), "omni_llm_generation_tokens_total", "llm") - before
     # aborted on the engine server: less than half of what it had left when the client cancelled
     assert generated < cancel_limit(sent, 1500), sent
 
 
-def test_losing_the_engine_server_is_a_quick_unavailable_error(servers):
+@pytest.fixture
+def lost_engine(servers):
+    """The engine server killed (SIGKILL), and started again afterwards on its ports (the
+    front's URL names them), so the module's other tests find it in any order."""
     front, engine = servers
     os.killpg(engine.proc.pid, signal.SIGKILL)
     engine.proc.wait(timeout=30)
+    try:
+        yield front, engine
+    finally:
+        if engine.proc.poll() is not None:
+            engine.start(attempts=1)
+
+
+def test_losing_the_engine_server_is_a_quick_unavailable_error_until_it_is_back(lost_engine):
+    front, engine = lost_engine
     t0 = time.monotonic()
     result = run_omni(front.grpc_url, text="anyone there?", sampling=GREEDY)
     elapsed = time.monotonic() - t0
@@ -220,3 +233,13 @@ def test_losing_the_engine_server_is_a_quick_unavailable_error(servers):
     assert result.error.status() == "StatusCode.UNAVAILABLE", result.error
     assert "stage 'thinker' (model llm) failed" in result.error.message()
     assert elapsed < 10
+    # An operator starts the engine server again: the front, not restarted, serves through
+    # it within seconds (its channel's reconnect back-off is capped at 1 s; gRPC's own grows
+    # to 120 s, and each call meanwhile fails at once).
+    engine.start(attempts=1)
+    ready_at = time.monotonic()
+    while (result := run_omni(front.grpc_url, text="anyone there?", sampling=GREEDY)).error \
+            and time.monotonic() - ready_at < 5:
+        time.sleep(0.1)
+    assert result.error is None, result.error
+    assert result.text

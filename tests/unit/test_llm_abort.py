@@ -146,7 +146,8 @@ def test_a_requests_tokens_are_counted_before_its_final_response_goes_out():
     stage.metrics = SimpleNamespace(time_to_first_token=lambda s: None,
                                     time_per_output_token=lambda s: None,
                                     tokens=lambda p, g: counted.append((p, g)),
-                                    scheduler=lambda r, w: None, prefix_cache=lambda q, h: None)
+                                    scheduler=lambda r, w: None, prefix_cache=lambda q, h: None,
+                                    in_flight=lambda n: None)
 
     class Watching(Sink):
         def send(self, output):
@@ -163,3 +164,34 @@ def test_a_requests_tokens_are_counted_before_its_final_response_goes_out():
     assert sink.done.wait(5)
     streamed = sum(len(o.token_ids) for o in sink.outputs)
     assert seen_at_final == [[(2, streamed)]]  # a client holding the final sees the count
+
+
+def test_in_flight_counts_a_request_from_submit_until_its_final_output_is_handed_over():
+    stage, engine = _stage()
+    in_flight: list[int] = []
+    stage.metrics = SimpleNamespace(time_to_first_token=lambda s: None,
+                                    time_per_output_token=lambda s: None,
+                                    tokens=lambda p, g: None, scheduler=lambda r, w: None,
+                                    prefix_cache=lambda q, h: None, in_flight=in_flight.append)
+    at_final: list[list[int]] = []
+
+    class Watching(Sink):
+        def send(self, output):
+            if output.final:
+                at_final.append(list(in_flight))
+            super().send(output)
+
+    sinks = [Watching(), Watching()]
+    for n, sink in enumerate(sinks):
+        stage.submit(_request(f"llm-{n}-omni-{n}-thinker"), sink, client_id=f"omni-{n}-thinker")
+    assert in_flight == [1, 2]
+    _on_loop(stage, engine.step.set)
+    _wait(lambda: all(len(s.outputs) >= 2 for s in sinks))
+    stage.abort("llm-0-omni-0-thinker")
+    assert sinks[0].done.wait(5)
+    _wait(lambda: in_flight[-1] == 1)
+    assert at_final == [[1, 2]]  # still counted while its final output went out
+    assert stage.abort_client("omni-1-thinker") is True
+    assert sinks[1].done.wait(5)
+    _wait(lambda: in_flight[-1] == 0)
+    assert in_flight == [1, 2, 1, 0]

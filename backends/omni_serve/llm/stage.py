@@ -58,6 +58,7 @@ class StageMetrics(Protocol):
     def tokens(self, prompt: int, generated: int) -> None: ...
     def scheduler(self, running: int, waiting: int) -> None: ...
     def prefix_cache(self, queries: int, hits: int) -> None: ...
+    def in_flight(self, requests: int) -> None: ...
 
 
 class NullMetrics:
@@ -66,6 +67,7 @@ class NullMetrics:
     def tokens(self, prompt: int, generated: int) -> None: ...
     def scheduler(self, running: int, waiting: int) -> None: ...
     def prefix_cache(self, queries: int, hits: int) -> None: ...
+    def in_flight(self, requests: int) -> None: ...
 
 
 NULL_METRICS = NullMetrics()
@@ -242,6 +244,7 @@ class LLMStage:
             self._live[request.request_id] = fut
             if client_id:
                 self._by_client_id[client_id] = request.request_id
+            self.metrics.in_flight(len(self._live))
         fut.add_done_callback(lambda _: self._forget(request.request_id, client_id))
 
     def abort_client(self, client_id: str) -> bool:
@@ -282,6 +285,7 @@ class LLMStage:
             self._aborted.discard(request_id)
             if client_id and self._by_client_id.get(client_id) == request_id:
                 del self._by_client_id[client_id]
+            self.metrics.in_flight(len(self._live))
 
     async def _render_prompt(self, prompt: dict):
         from vllm.renderers.inputs.preprocess import parse_model_prompt  # noqa: PLC0415

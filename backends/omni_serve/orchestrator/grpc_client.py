@@ -46,6 +46,10 @@ _WIRE = {np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.in
          np.dtype(np.float32): "FP32", np.dtype(np.uint8): "UINT8", np.dtype(np.uint32): "UINT32"}
 # How long a stream stopped in-band may take to end before its call is cancelled.
 ABORT_GRACE_S = 5.0
+# A stage server that was down and is back (its operator restarted it) is called again
+# within this long: gRPC's default reconnect back-off grows to 120 s, and every call
+# meanwhile fails at once with UNAVAILABLE.
+RECONNECT_BACKOFF_MAX_MS = 1000
 
 _STATUS = {"INVALID_ARGUMENT": "INVALID_ARG", "UNAVAILABLE": "UNAVAILABLE",
            "NOT_FOUND": "UNAVAILABLE", "CANCELLED": "CANCELLED",
@@ -135,6 +139,22 @@ def use_shared_memory(mode: str, url: str) -> bool:
     if mode == "none":
         return False
     return is_local_host(url_host(url))
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel arguments, with a reconnect back-off capped."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    keepalive = grpcclient.KeepAliveOptions()
+    return [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", min(250, RECONNECT_BACKOFF_MAX_MS)),
+            ("grpc.min_reconnect_backoff_ms", min(250, RECONNECT_BACKOFF_MAX_MS)),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
 
 
 @dataclass(frozen=True)
@@ -287,7 +307,7 @@ class GrpcStageClient:
         if self._client is None:
             import tritonclient.grpc.aio as grpcaio  # noqa: PLC0415
 
-            self._client = grpcaio.InferenceServerClient(self.url)
+            self._client = grpcaio.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
     @staticmethod
