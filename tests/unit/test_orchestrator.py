@@ -297,3 +297,32 @@ def test_a_server_without_grpc_is_refused_with_the_reason():
 
     with pytest.raises(ValueError, match="--allow-grpc=false"):
         grpc_url_from_args(["tritonserver", "--allow-grpc=false"])
+
+
+def test_segments_do_not_depend_on_how_the_thinker_groups_its_tokens():
+    """The stage merges outputs while its sender is busy, so one response may carry several
+    tokens: the talker still gets the same segments (and so, for a seed, the same speech)."""
+
+    class Merging(ScriptedStages):
+        async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+            if model != "llm":
+                async for out in super().stream(model, inputs, outputs, request_id=request_id,
+                                                timeout_s=timeout_s):
+                    yield out
+                return
+            outs = [o async for o in super().stream(model, inputs, outputs,
+                                                    request_id=request_id, timeout_s=timeout_s)]
+            for group in (outs[0:3], outs[3:8], outs[8:11]):  # 3, 5 and 3 tokens a response
+                yield {LLM.TEXT_OUTPUT: np.array(["".join(o[LLM.TEXT_OUTPUT][0].decode()
+                                                          for o in group).encode()], dtype=object),
+                       LLM.TOKEN_IDS: np.concatenate([o[LLM.TOKEN_IDS] for o in group]),
+                       LLM.FINISH_REASON: group[-1][LLM.FINISH_REASON]}
+
+    cfg = config()
+    prompts = []
+    for stages in (ScriptedStages(reply_tokens=11), Merging(reply_tokens=11)):
+        run(OmniPipeline(cfg, stages), tensors(modalities=["audio"], seed=5), cfg)
+        prompts.append([i[LLM.PROMPT_TOKEN_IDS].tolist() for m, i in stages.calls
+                        if m == "talker"])
+    assert [len(p) - 1 for p in prompts[1]] == [4, 6, 1]
+    assert prompts[1] == prompts[0]

@@ -322,9 +322,12 @@ class OmniPipeline:
                     ids = out.get(LLM.TOKEN_IDS)
                     if ids is not None:
                         pending.extend(int(i) for i in np.asarray(ids).reshape(-1))
-                    if len(pending) >= limit:
-                        segments.put_nowait(pending)
-                        pending, limit = [], self.cfg.segment_tokens
+                    # Cut at exact sizes: a response may carry several tokens (the stage
+                    # merges outputs while its sender is busy), and the talker's input,
+                    # so the speech for a given seed, must not depend on that timing.
+                    while len(pending) >= limit:
+                        segments.put_nowait(pending[:limit])
+                        pending, limit = pending[limit:], self.cfg.segment_tokens
         if segments is not None:
             if pending:
                 segments.put_nowait(pending)
