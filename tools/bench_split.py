@@ -13,12 +13,12 @@ twice in a row keeps its servers. Per visit:
          client), each stage's seconds from the requests' `metrics` JSON, and
          CPU-seconds per request of all the side's processes;
   image  image + text requests one at a time (text out): the thinker's seconds,
-         first text and total, through `omni` (split: mm_embeds in system
-         shared memory) and, on the split side, `omni_grpc` (mm_embeds inline),
+         first text and total, through `omni` (split: image_embeds in system
+         shared memory) and, on the split side, `omni_grpc` (image_embeds inline),
          the two taking turns;
   hop    the orchestrator's own GrpcStageClient from this process, one small
          llm call (1 token) at a time against the server that has `llm`:
-         text only, --rows rows of mm_embeds, and --big-rows x --big-hidden
+         text only, --rows rows of image_embeds, and --big-rows x --big-hidden
          (a real model's image; the tiny stage refuses it after it crossed),
          each inline and in system shared memory.
 Figures are reported as ratios against the one-server side of the same run.
@@ -50,7 +50,7 @@ def split_spec(data: dict) -> dict:
     data["stages"][NO_SHM] = json.loads(json.dumps(data["stages"]["omni"]))
     data["stages"][NO_SHM]["env"] = {"OMNI_SERVER_ENGINE_SHM": "none"}
     # the engine's real port is given at start (OMNI_SERVER_ENGINE_URL on the front)
-    # (and takes mm_embeds in shared memory from 1 KiB: the tiny image's are ~16 KiB)
+    # (and takes image_embeds in shared memory from 1 KiB: the tiny image's are ~16 KiB)
     data["servers"] = {"front": {}, "engine": {"grpc_url": "127.0.0.1:1",
                                                "shared_memory_min_bytes": 1024}}
     for name, stage in data["stages"].items():
@@ -130,14 +130,15 @@ async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
 
     client = GrpcStageClient(url, shm, shared_memory_min_bytes=1024)
     prompt = chat_prompt("You are a helpful assistant.",
-                         (media_span(IMAGE_SPAN, rows) if rows else "") + "what is this?")
+                         (media_span(IMAGE_SPAN) if rows else "") + "what is this?")
     inputs = {LLM.TEXT_INPUT: np.array([prompt.encode()], dtype=np.object_),
               LLM.STREAM: np.array([True]),
               LLM.SAMPLING_PARAMETERS: np.array([json.dumps({"max_tokens": 1, "temperature": 0})
                                                  .encode()], dtype=np.object_)}
-    if rows:
-        inputs[LLM.MM_EMBEDS] = np.random.default_rng(0).standard_normal(
+    if rows:  # one image of `rows` rows: a (1, 2, 2 * rows) patch grid, merged 2 x 2
+        inputs[LLM.IMAGE_EMBEDS] = np.random.default_rng(0).standard_normal(
             (rows, hidden)).astype(np.float32) * 0.02
+        inputs[LLM.IMAGE_GRID_THW] = np.array([[1, 2, 2 * rows]], dtype=np.int64)
     times = []
     try:
         for i in range(n + 1):
@@ -147,7 +148,7 @@ async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
                                              request_id=f"hop-{i}", timeout_s=60):
                     pass
             except StageCallError as e:
-                if not (refused and "mm_embeds" in e.message):
+                if not (refused and LLM.IMAGE_EMBEDS in e.message):
                     raise
             if i:  # the first one warms the connection
                 times.append(time.perf_counter() - t0)
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("--image-side", type=int, default=448, help="px of the square test image")
     ap.add_argument("--hop-calls", type=int, default=20)
     ap.add_argument("--rows", type=int, default=1024,
-                    help="mm_embeds rows (of the thinker's width) of the hop calls")
+                    help="image_embeds rows (of the thinker's width) of the hop calls")
     ap.add_argument("--big-rows", type=int, default=1200,
                     help="rows of a real model's image: Qwen2.5-Omni-7B, ~1280x720 px")
     ap.add_argument("--big-hidden", type=int, default=3584, help="a real thinker's hidden size")
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
     data = spec.load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
     audio, image = _wav(), _png(args.image_side)
     results: dict = {"command": " ".join(["python", *sys.argv]), "args": vars(args),
-                     "hop_big_mm_embeds_bytes": args.big_rows * args.big_hidden * 4, "rounds": []}
+                     "hop_big_image_embeds_bytes": args.big_rows * args.big_hidden * 4, "rounds": []}
     runs: dict = {side: [] for side in SIDES}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-split-") as d:
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
         gen_repo.generate(spec.parse_spec(data, base_dir=root), repos["one"], force=True)
         llm_dir = Path(json.loads((repos["one"] / "llm" / "engine.json").read_text())["model"])
         hidden = json.loads((llm_dir / "config.json").read_text())["hidden_size"]
-        results["hop_mm_embeds_bytes"] = args.rows * hidden * 4
+        results["hop_image_embeds_bytes"] = args.rows * hidden * 4
         gen_repo.generate(spec.parse_spec(split_spec(data), base_dir=root), repos["split"],
                           force=True)
         order = [side for rnd in range(args.rounds)
@@ -276,9 +277,9 @@ def main(argv=None) -> int:
                     urls = stack.enter_context(serving(side, repos[side], root))
                     running = side
                     print(f"[{side}] servers up in {time.perf_counter() - t0:.0f} s", flush=True)
-                    if "image_mm_embeds_bytes" not in results:
+                    if "image_image_embeds_bytes" not in results:
                         rows, width = encoder_rows(urls[0], image)
-                        results["image_mm_embeds_bytes"] = rows * width * 4
+                        results["image_image_embeds_bytes"] = rows * width * 4
                 r = visit(side, urls, args, audio, image, hidden)
                 runs[side].append(r)
                 results["rounds"].append({"round": i // 2, "side": side, **r})

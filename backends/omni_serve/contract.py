@@ -100,7 +100,10 @@ class LLM:
     RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
     # Omni extras.
     PROMPT_TOKEN_IDS = "prompt_token_ids"
-    MM_EMBEDS = "mm_embeds"
+    IMAGE_EMBEDS = "image_embeds"
+    IMAGE_GRID_THW = "image_grid_thw"
+    AUDIO_FEATURES = "audio_features"
+    AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
     RETURN_TOKEN_IDS = "return_token_ids"
 
     TEXT_OUTPUT = "text_output"
@@ -118,9 +121,10 @@ class LLM:
     ABORT_PARAMETER = "omni_abort"
 
 
-# Placeholder tokens of multimodal prompts (Qwen2.5-Omni names): each one in
-# the tokenized prompt takes the next row of `mm_embeds`.
-MM_PLACEHOLDER_TOKENS = ("<|IMAGE|>", "<|AUDIO|>", "<|VIDEO|>")
+# Placeholder tokens of multimodal prompts (Qwen2.5-Omni names): a prompt has one
+# per image (audio clip); the engine expands it to one token per embedding row.
+IMAGE_PLACEHOLDER = "<|IMAGE|>"
+AUDIO_PLACEHOLDER = "<|AUDIO|>"
 
 
 LLM_CONTRACT = StageContract(
@@ -142,9 +146,16 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.RETURN_NUM_OUTPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,), optional=True,
                    doc="the prompt as token ids instead of text_input"),
-        TensorSpec(LLM.MM_EMBEDS, "TYPE_FP32", (-1, -1), optional=True,
-                   doc="encoder rows (tokens x hidden) for the multimodal placeholder tokens "
-                       "of text_input, in order; needs enable_prompt_embeds"),
+        TensorSpec(LLM.IMAGE_EMBEDS, "TYPE_FP32", (-1, -1), optional=True,
+                   doc="multimodal thinkers: the vision tower's rows (tokens x hidden) of every "
+                       "image of text_input, in order; one <|IMAGE|> placeholder per image"),
+        TensorSpec(LLM.IMAGE_GRID_THW, "TYPE_INT64", (-1, 3), optional=True,
+                   doc="with image_embeds: each image's (t, h, w) patch grid before merging"),
+        TensorSpec(LLM.AUDIO_FEATURES, "TYPE_FP32", (-1, -1), optional=True,
+                   doc="multimodal thinkers: log-mel features (mel bins x frames) of every "
+                       "audio clip of text_input, concatenated; one <|AUDIO|> per clip"),
+        TensorSpec(LLM.AUDIO_FEATURE_LENGTHS, "TYPE_INT64", (-1,), optional=True,
+                   doc="with audio_features: each clip's number of frames"),
         TensorSpec(LLM.RETURN_TOKEN_IDS, "TYPE_BOOL", (1,), optional=True,
                    doc="also return the generated token ids (deltas when streaming)"),
     ),
@@ -206,6 +217,7 @@ class ENCODER:
 
     EMBEDDINGS = "embeddings"
     GRID_THW = "grid_thw"
+    FEATURES = "features"
 
 
 ENCODER_CONTRACT = StageContract(
@@ -218,9 +230,13 @@ ENCODER_CONTRACT = StageContract(
     ),
     outputs=(
         TensorSpec(ENCODER.EMBEDDINGS, "TYPE_FP32", (-1, -1),
-                   doc="tokens x hidden: one row per placeholder token of the LLM prompt"),
+                   doc="image encoder: the vision tower's rows (tokens x hidden), one per "
+                       "image token of the thinker's prompt"),
         TensorSpec(ENCODER.GRID_THW, "TYPE_INT64", (3,),
-                   doc="image encoder only: the (t, h, w) patch grid before merging"),
+                   doc="image encoder: the (t, h, w) patch grid before merging"),
+        TensorSpec(ENCODER.FEATURES, "TYPE_FP32", (-1, -1),
+                   doc="audio encoder: log-mel features (mel bins x frames) for the thinker, "
+                       "whose engine runs the audio tower"),
     ),
 )
 

@@ -51,9 +51,10 @@ TURNS = [
 
 
 def _spec() -> dict:
-    engine = {"backend": "omni_llm", "model": "tiny:qwen2.5-omni-tiny/thinker-lm",
+    engine = {"backend": "omni_llm", "model": "tiny:qwen2.5-omni-tiny",
               "engine_args": {"max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
-                              "block_size": BLOCK_SIZE}}
+                              "block_size": BLOCK_SIZE,
+                              "limit_mm_per_prompt": {"image": 0, "audio": 0, "video": 0}}}
     return {
         "pipeline": "session-affinity",
         "stages": {

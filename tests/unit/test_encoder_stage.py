@@ -1,11 +1,18 @@
-"""The omni_encoder stage on the tiny Qwen2.5-Omni thinker (CPU, no server).
+"""The omni_encoder stage on the tiny Qwen2.5-Omni checkpoints (CPU, no server).
 
-The encoder's rows must be the HF thinker's own image/audio features for the
-same media, alone or batched; every bad item must fail alone with a
-RequestError naming `media`; and the rows, scattered into the placeholder
-positions of a prompt, must drive the exported Qwen2ForCausalLM the way the
-thinker itself is driven (audio: same greedy tokens; image: same input
-embeddings, positions differ, see test_image_prompt_embeds_...).
+Goldens are transformers' own Qwen2.5-Omni code on the same media:
+- images: the runner's rows must be `get_image_features` of the HF thinker
+  (and of the full model's `.thinker`) on the pixels the checkpoint's own
+  Qwen2_5OmniProcessor makes (torchvision Qwen2VLImageProcessor), one row per
+  <|IMAGE|> token the processor puts in the prompt;
+- audio: the runner's `features` must be the processor's `input_features`
+  (cut at its feature_attention_mask) and `tokens` the number of <|AUDIO|>
+  tokens it puts in the prompt; the thinker's audio tower, which runs in the
+  thinker engine, gives the same rows on them as on the processor's inputs.
+Batched equals alone, every bad item fails alone with a RequestError naming
+`media`, and the Triton adapter answers images with `embeddings` +
+`grid_thw` and audio with `features`. That the thinker engine generates the
+HF thinker's tokens from these outputs is an integration golden test.
 """
 
 from __future__ import annotations
@@ -27,22 +34,22 @@ from PIL import Image
 from pydantic import ValidationError
 from scipy.signal import resample_poly
 from transformers import (
-    AutoTokenizer,
+    AutoImageProcessor,
+    Qwen2_5OmniForConditionalGeneration,
+    Qwen2_5OmniProcessor,
     Qwen2_5OmniThinkerForConditionalGeneration,
-    Qwen2ForCausalLM,
-    WhisperFeatureExtractor,
 )
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from omni_serve.encoder.config import EncoderStageConfig
-from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
+from omni_serve.encoder.runner import EncoderOutput, EncoderRunner, audio_tokens
 from omni_serve.errors import RequestError
 from omni_tools import tiny_omni as to
+from omni_tools import tiny_token2wav
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[2]
-NEW_TOKENS = 8
+MEL_BINS = 128
 
 
 # --- media makers -------------------------------------------------------------------------
@@ -95,14 +102,21 @@ def thinker(thinker_dir: Path) -> Qwen2_5OmniThinkerForConditionalGeneration:
 
 
 @pytest.fixture(scope="module")
-def lm(thinker_dir: Path) -> Qwen2ForCausalLM:
-    out = thinker_dir.parent / "lm"
-    to.export_thinker_lm(thinker_dir, out)
-    return Qwen2ForCausalLM.from_pretrained(out).eval()
+def processor(thinker_dir: Path) -> Qwen2_5OmniProcessor:
+    return Qwen2_5OmniProcessor.from_pretrained(thinker_dir)
 
 
-def _runner(thinker_dir: Path, modality: str, **limits) -> EncoderRunner:
-    return EncoderRunner(EncoderStageConfig(model=str(thinker_dir), modality=modality, **limits))
+@pytest.fixture(scope="module")
+def full_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole tiny Qwen2_5OmniForConditionalGeneration, in the hub layout (`thinker.` keys)."""
+    root = tmp_path_factory.mktemp("omni-full")
+    tiny_token2wav.build_token2wav(root / "token2wav")
+    to.build_omni_checkpoint(root / "omni", token2wav_dir=root / "token2wav")
+    return root / "omni"
+
+
+def _runner(model_dir: Path, modality: str, **limits) -> EncoderRunner:
+    return EncoderRunner(EncoderStageConfig(model=str(model_dir), modality=modality, **limits))
 
 
 @pytest.fixture(scope="module")
@@ -115,35 +129,39 @@ def audio_runner(thinker_dir: Path) -> EncoderRunner:
     return _runner(thinker_dir, "audio")
 
 
-# --- references: the HF thinker's own feature functions ------------------------------------------
+# --- references: transformers' Qwen2.5-Omni processor and thinker ------------------------------
+
+IMAGE_PROMPT = f"{to.VISION_BOS_TOKEN}{to.IMAGE_TOKEN}{to.VISION_EOS_TOKEN}describe it."
+AUDIO_PROMPT = f"{to.AUDIO_BOS_TOKEN}{to.AUDIO_TOKEN}{to.AUDIO_EOS_TOKEN}what is it?"
 
 
-def reference_image(thinker, thinker_dir: Path, data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    processor = Qwen2VLImageProcessorPil.from_pretrained(thinker_dir)
-    batch = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
+def reference_image(thinker, processor, data: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows, grid_thw, <|IMAGE|> tokens in the prompt), as Qwen2_5OmniProcessor + get_image_features."""
+    batch = processor(text=IMAGE_PROMPT, images=[Image.open(io.BytesIO(data))], return_tensors="pt")
     with torch.no_grad():
         rows = thinker.get_image_features(batch["pixel_values"], batch["image_grid_thw"]).pooler_output
-    return torch.cat(rows).numpy(), batch["image_grid_thw"][0].numpy()
+    tokens = int((batch["input_ids"] == thinker.config.image_token_id).sum())
+    return torch.cat(rows).numpy(), batch["image_grid_thw"][0].numpy(), tokens
 
 
-def reference_audio_inputs(thinker_dir: Path, data: bytes) -> dict[str, torch.Tensor]:
-    """Features as Qwen2_5OmniProcessor makes them (zero-padded to 300 s), from a 16 kHz mono wave."""
+def reference_wave(data: bytes) -> np.ndarray:
+    """16 kHz mono float32 samples of an audio file."""
     samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     wave = samples.mean(axis=1)
     if rate != 16000:
         g = np.gcd(rate, 16000)
         wave = resample_poly(wave, 16000 // g, rate // g).astype(np.float32)
-    fe = WhisperFeatureExtractor.from_pretrained(thinker_dir)
-    batch = fe(wave, sampling_rate=16000, padding="max_length", return_attention_mask=True,
-               return_tensors="pt")
-    return {"input_features": batch["input_features"], "feature_attention_mask": batch["attention_mask"]}
+    return wave
 
 
-def reference_audio(thinker, thinker_dir: Path, data: bytes) -> np.ndarray:
-    inputs = reference_audio_inputs(thinker_dir, data)
+def reference_audio(processor, data: bytes) -> dict[str, torch.Tensor]:
+    """Qwen2_5OmniProcessor's inputs for one clip (features zero-padded to 300 s)."""
+    return processor(text=AUDIO_PROMPT, audio=[reference_wave(data)], return_tensors="pt")
+
+
+def thinker_audio_rows(thinker, features: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     with torch.no_grad():
-        return thinker.get_audio_features(inputs["input_features"],
-                                          inputs["feature_attention_mask"]).last_hidden_state.numpy()
+        return thinker.get_audio_features(features, mask).last_hidden_state.numpy()
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -163,36 +181,54 @@ def test_runner_rejects_audio_limit_beyond_the_feature_extractor(thinker_dir: Pa
         _runner(thinker_dir, "audio", max_audio_seconds=301)
 
 
-# --- embeddings == the thinker's features ----------------------------------------------------------
+def test_runner_uses_the_checkpoints_torchvision_image_processor(image_runner, processor) -> None:
+    assert type(image_runner.processor) is type(processor.image_processor)
+    assert type(image_runner.processor).__name__ == "Qwen2VLImageProcessor"
+    assert image_runner.processor.to_dict() == processor.image_processor.to_dict()
+
+
+# --- image rows == the thinker's image features ------------------------------------------------------
 
 IMAGES = {
     "png-100x80": lambda: make_image(100, 80, "PNG"),
     "jpeg-64x48": lambda: make_image(64, 48, "JPEG", seed=1),
     "png-rgba-30x200": lambda: make_image(30, 200, "PNG", mode="RGBA", seed=2),
     "jpeg-gray-300x300": lambda: make_image(300, 300, "JPEG", mode="L", seed=3),
+    "png-300x200": lambda: make_image(300, 200, "PNG", seed=4),  # over max_pixels: resized down
 }
 
 
 @pytest.mark.parametrize("name", list(IMAGES))
-def test_image_rows_equal_the_thinker_image_features(image_runner, thinker, thinker_dir, name) -> None:
+def test_image_rows_equal_the_thinker_image_features(image_runner, thinker, processor, name) -> None:
     data = IMAGES[name]()
     [out] = image_runner.run([data])
-    want, grid = reference_image(thinker, thinker_dir, data)
-    assert isinstance(out, EncoderOutput)
+    want, grid, tokens = reference_image(thinker, processor, data)
+    assert isinstance(out, EncoderOutput) and out.features is None
     assert out.embeddings.dtype == np.float32 and out.embeddings.shape == want.shape
     assert out.embeddings.shape[1] == to.TINY_TEXT_HIDDEN
     np.testing.assert_allclose(out.embeddings, want, atol=1e-5, rtol=0)
     assert out.grid_thw.dtype == np.int64 and out.grid_thw.tolist() == grid.tolist()
-    assert out.embeddings.shape[0] == int(np.prod(grid)) // 4  # 2x2 patches merge into one token
+    assert out.tokens == tokens == out.embeddings.shape[0] == int(np.prod(grid)) // 4  # 2x2 merge
 
 
-def test_image_token_counts() -> None:
+def test_resized_image_keeps_its_aspect_within_the_pixel_budget(image_runner) -> None:
+    """300x200 is 60000 pixels, over the tiny max_pixels: smart_resize shrinks it to multiples of 28."""
+    [out] = image_runner.run([IMAGES["png-300x200"]()])
+    t, h, w = out.grid_thw.tolist()
+    assert t == 1 and (h * 14) * (w * 14) <= to.TINY_MAX_PIXELS
+    assert (h * 14, w * 14) != (200, 300) and h % 2 == w % 2 == 0
+    assert w > h  # landscape stays landscape
+
+
+def test_image_token_counts(thinker_dir: Path) -> None:
     """100x80 -> 112x84 (multiples of 28) -> 4x3 merged tokens; 64x48 -> 56x56 -> 2x2."""
-    processor = Qwen2VLImageProcessorPil(min_pixels=to.TINY_MIN_PIXELS, max_pixels=to.TINY_MAX_PIXELS)
+    processor = AutoImageProcessor.from_pretrained(thinker_dir)
     assert processor.get_number_of_image_patches(80, 100) // 4 == 12
     assert processor.get_number_of_image_patches(48, 64) // 4 == 4
     assert processor.get_number_of_image_patches(2000, 2000) // 4 <= 32
 
+
+# --- audio features == the processor's; tokens == the thinker's -------------------------------------
 
 AUDIOS = {
     "wav-16k-mono-1s": lambda: make_audio(1.0),
@@ -202,34 +238,90 @@ AUDIOS = {
 
 
 @pytest.mark.parametrize("name", list(AUDIOS))
-def test_audio_rows_equal_the_thinker_audio_features(audio_runner, thinker, thinker_dir, name) -> None:
+def test_audio_features_equal_the_processor_features(audio_runner, thinker, processor, name) -> None:
     data = AUDIOS[name]()
     [out] = audio_runner.run([data])
-    want = reference_audio(thinker, thinker_dir, data)
-    assert isinstance(out, EncoderOutput) and out.grid_thw is None
-    assert out.embeddings.dtype == np.float32 and out.embeddings.shape == want.shape
-    np.testing.assert_allclose(out.embeddings, want, atol=1e-5, rtol=0)
+    ref = reference_audio(processor, data)
+    frames = int(ref["feature_attention_mask"].sum())
+    want = ref["input_features"][0, :, :frames].numpy()
+    assert isinstance(out, EncoderOutput) and out.embeddings is None and out.grid_thw is None
+    assert out.features.dtype == np.float32 and out.features.shape == want.shape == (MEL_BINS, frames)
+    assert out.features.flags.c_contiguous
+    np.testing.assert_allclose(out.features, want, atol=1e-5, rtol=0)
+    _, thinker_tokens = thinker.audio_tower._get_feat_extract_output_lengths(torch.tensor(frames))
+    prompt_tokens = int((ref["input_ids"] == thinker.config.audio_token_id).sum())
+    assert out.tokens == prompt_tokens == int(thinker_tokens)
+
+
+@pytest.mark.parametrize("name", list(AUDIOS)[:2])
+def test_audio_tower_gives_the_same_rows_on_the_features(audio_runner, thinker, processor, name) -> None:
+    """What the thinker engine computes: its audio tower on the runner's features (unpadded) gives
+    the rows HF's thinker gets from the processor's 300 s padded inputs, one per prompt token."""
+    data = AUDIOS[name]()
+    [out] = audio_runner.run([data])
+    ref = reference_audio(processor, data)
+    want = thinker_audio_rows(thinker, ref["input_features"], ref["feature_attention_mask"])
+    features = torch.from_numpy(out.features)[None]
+    got = thinker_audio_rows(thinker, features, torch.ones(1, features.shape[-1], dtype=torch.long))
+    assert got.shape == want.shape == (out.tokens, to.TINY_TEXT_HIDDEN)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_one_second_of_audio_gives_25_tokens(audio_runner) -> None:
     [out] = audio_runner.run([make_audio(1.0)])
-    assert out.embeddings.shape == (25, to.TINY_TEXT_HIDDEN)
+    assert out.features.shape == (MEL_BINS, 100)  # 100 frames/s
+    assert out.tokens == 25
+
+
+def test_audio_tokens_is_the_thinkers_output_length(thinker) -> None:
+    frames = torch.arange(3, 3001)
+    _, want = thinker.audio_tower._get_feat_extract_output_lengths(frames)
+    assert [audio_tokens(int(n)) for n in frames] == want.tolist()
 
 
 # --- batched == alone ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("modality", ["image", "audio"])
-def test_batched_rows_equal_rows_alone(image_runner, audio_runner, modality) -> None:
-    runner = image_runner if modality == "image" else audio_runner
-    makers = list(IMAGES.values() if modality == "image" else AUDIOS.values())[:3]
-    items = [make() for make in makers]
-    batched = runner.run(items)
+def test_batched_image_rows_equal_rows_alone(image_runner) -> None:
+    items = [make() for make in list(IMAGES.values())[:3]]
+    batched = image_runner.run(items)
     for item, out in zip(items, batched, strict=True):
-        [alone] = runner.run([item])
+        [alone] = image_runner.run([item])
         np.testing.assert_allclose(out.embeddings, alone.embeddings, atol=1e-5, rtol=0)
-        assert (out.grid_thw is None) == (alone.grid_thw is None)
+        assert out.grid_thw.tolist() == alone.grid_thw.tolist() and out.tokens == alone.tokens
     assert len({out.embeddings.shape[0] for out in batched}) == 3  # different lengths in one forward
+
+
+def test_batched_audio_features_equal_features_alone(audio_runner) -> None:
+    items = [make() for make in AUDIOS.values()]
+    batched = audio_runner.run(items)
+    for item, out in zip(items, batched, strict=True):
+        [alone] = audio_runner.run([item])
+        np.testing.assert_array_equal(out.features, alone.features)
+        assert out.tokens == alone.tokens
+    assert len({out.features.shape[1] for out in batched}) == 3
+
+
+# --- a full Qwen2.5-Omni checkpoint ------------------------------------------------------------
+
+
+def test_runner_reads_a_full_omni_checkpoint(full_dir: Path) -> None:
+    full = Qwen2_5OmniForConditionalGeneration.from_pretrained(full_dir).eval()
+    processor = Qwen2_5OmniProcessor.from_pretrained(full_dir)
+    runner = _runner(full_dir, "image")
+    for data in (IMAGES["png-100x80"](), IMAGES["png-300x200"]()):
+        [out] = runner.run([data])
+        want, grid, tokens = reference_image(full.thinker, processor, data)
+        assert out.embeddings.shape == want.shape and out.tokens == tokens
+        np.testing.assert_allclose(out.embeddings, want, atol=1e-5, rtol=0)
+        assert out.grid_thw.tolist() == grid.tolist()
+    data = AUDIOS["wav-16k-mono-1s"]()
+    [out] = _runner(full_dir, "audio").run([data])
+    ref = reference_audio(processor, data)
+    frames = int(ref["feature_attention_mask"].sum())
+    np.testing.assert_allclose(out.features, ref["input_features"][0, :, :frames].numpy(),
+                               atol=1e-5, rtol=0)
+    assert out.tokens == int((ref["input_ids"] == full.config.thinker_config.audio_token_id).sum())
 
 
 # --- bad media --------------------------------------------------------------------------------
@@ -300,106 +392,8 @@ def test_bad_audio_fails_alone_with_a_media_error(strict_audio_runner, name) -> 
     assert bad.field == "media" and message in bad.message, bad.message
     [alone] = strict_audio_runner.run([good])
     for out in (first, last):
-        np.testing.assert_allclose(out.embeddings, alone.embeddings, atol=1e-5, rtol=0)
-
-
-# --- prompt_embeds into the exported LM == the thinker itself --------------------------------------
-
-
-def _prompt_ids(thinker_dir: Path, bos: str, placeholder: str, eos: str, rows: int,
-                text: str) -> torch.Tensor:
-    """ChatML user turn with bos + rows x placeholder + eos, as Qwen2_5OmniProcessor expands it."""
-    tok = AutoTokenizer.from_pretrained(thinker_dir)
-    media = bos + placeholder * rows + eos
-    return tok(f"<|im_start|>user\n{media}{text}<|im_end|>\n<|im_start|>assistant\n",
-               return_tensors="pt").input_ids
-
-
-def _prompt_embeds(lm, ids: torch.Tensor, rows: np.ndarray, token_id: int) -> torch.Tensor:
-    with torch.no_grad():
-        embeds = lm.get_input_embeddings()(ids).clone()
-    mask = ids[0] == token_id
-    assert int(mask.sum()) == rows.shape[0]
-    embeds[0, mask] = torch.from_numpy(rows)
-    return embeds
-
-
-def _thinker_input_embeds(thinker, **inputs) -> torch.Tensor:
-    """The inputs_embeds the thinker hands its text model (placeholders already replaced)."""
-    seen = {}
-
-    def hook(module, args, kwargs):
-        seen["embeds"] = kwargs["inputs_embeds"].detach().clone()
-
-    handle = thinker.model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            thinker(**inputs)
-    finally:
-        handle.remove()
-    return seen["embeds"]
-
-
-def test_audio_prompt_embeds_generate_the_thinker_tokens(audio_runner, thinker, thinker_dir, lm) -> None:
-    data = make_audio(1.0, seed=3)
-    [out] = audio_runner.run([data])
-    cfg = thinker.config
-    ids = _prompt_ids(thinker_dir, to.AUDIO_BOS_TOKEN, to.AUDIO_TOKEN, to.AUDIO_EOS_TOKEN,
-                      out.embeddings.shape[0], "what did you hear in the audio?")
-    mask = torch.ones_like(ids)
-    audio = reference_audio_inputs(thinker_dir, data)
-    want = thinker.generate(input_ids=ids, attention_mask=mask, **audio, max_new_tokens=NEW_TOKENS,
-                            do_sample=False)[0, ids.shape[1]:]
-    embeds = _prompt_embeds(lm, ids, out.embeddings, cfg.audio_token_id)
-    got = lm.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                      do_sample=False)[0]
-    assert got.tolist() == want.tolist()
-    # the rows matter: the bare placeholders generate something else
-    bare = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                       do_sample=False)[0, ids.shape[1]:]
-    assert bare.tolist() != want.tolist()
-
-
-def test_image_prompt_embeds_equal_the_thinker_inputs_but_positions_differ(
-        image_runner, thinker, thinker_dir, lm) -> None:
-    """Qwen2.5-Omni gives image tokens 3D M-RoPE positions (t, h, w) and shifts the text after them.
-
-    A Qwen2ForCausalLM fed prompt_embeds uses 1D positions, so greedy tokens
-    differ (measured on the tiny model: from the first new token on). What
-    does hold: the embeddings fed are identical, and with the thinker forced
-    to 1D positions its logits are the exported LM's exactly.
-    """
-    data = make_image(100, 80)
-    [out] = image_runner.run([data])
-    cfg = thinker.config
-    ids = _prompt_ids(thinker_dir, to.VISION_BOS_TOKEN, to.IMAGE_TOKEN, to.VISION_EOS_TOKEN,
-                      out.embeddings.shape[0], "describe the picture.")
-    mask = torch.ones_like(ids)
-    processor = Qwen2VLImageProcessorPil.from_pretrained(thinker_dir)
-    image = processor(images=[Image.open(io.BytesIO(data))], return_tensors="pt")
-    embeds = _prompt_embeds(lm, ids, out.embeddings, cfg.image_token_id)
-
-    fed = _thinker_input_embeds(thinker, input_ids=ids, attention_mask=mask, **image)
-    torch.testing.assert_close(fed, embeds, atol=1e-5, rtol=0)
-
-    positions, delta = thinker.get_rope_index(ids, image["image_grid_thw"], None, mask)
-    assert not torch.equal(positions[0], positions[1])  # image tokens: t != h != w
-    assert int(delta) == -(out.embeddings.shape[0] - max(out.grid_thw[1:]) // 2)
-
-    flat = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
-    with torch.no_grad():
-        thinker_1d = thinker(inputs_embeds=embeds, attention_mask=mask, position_ids=flat).logits
-        got = lm(inputs_embeds=embeds, attention_mask=mask).logits
-        thinker_3d = thinker(input_ids=ids, attention_mask=mask, **image).logits
-    torch.testing.assert_close(got, thinker_1d, atol=1e-5, rtol=0)
-    gap = (got[0, -1] - thinker_3d[0, -1]).abs().max().item()
-    want = thinker.generate(input_ids=ids, attention_mask=mask, **image, max_new_tokens=NEW_TOKENS,
-                            do_sample=False)[0, ids.shape[1]:].tolist()
-    tokens = lm.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                         do_sample=False)[0].tolist()
-    first_diff = next((i for i, (a, b) in enumerate(zip(tokens, want)) if a != b), None)
-    print(f"image prompt: last-position logit max |diff| {gap:.4f}; first differing new token "
-          f"{first_diff}; thinker {want} vs exported LM {tokens}")
+        np.testing.assert_array_equal(out.features, alone.features)
+        assert out.tokens == alone.tokens
 
 
 # --- the Triton adapter, with a stand-in for triton_python_backend_utils -----------------------------
@@ -456,7 +450,7 @@ class _Request:
 
 
 @pytest.fixture()
-def adapter(monkeypatch, thinker_dir: Path, tmp_path: Path):
+def make_adapter(monkeypatch, thinker_dir: Path, tmp_path: Path):
     fake = types.ModuleType("triton_python_backend_utils")
     fake.Tensor, fake.InferenceResponse, fake.TritonError, fake.MetricFamily = (
         _Tensor, _Response, _Error, _Family)
@@ -467,19 +461,26 @@ def adapter(monkeypatch, thinker_dir: Path, tmp_path: Path):
                                                   ROOT / "backends" / "omni_encoder" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    (tmp_path / "engine.json").write_text(json.dumps({"model": str(thinker_dir), "modality": "image"}))
-    model = module.TritonPythonModel()
-    model.initialize({"model_name": "image_encoder", "model_repository": str(tmp_path)})
-    return model
+
+    def make(modality: str):
+        repo = tmp_path / modality
+        repo.mkdir()
+        (repo / "engine.json").write_text(json.dumps({"model": str(thinker_dir), "modality": modality}))
+        model = module.TritonPythonModel()
+        model.initialize({"model_name": f"{modality}_encoder", "model_repository": str(repo)})
+        return model
+
+    return make
 
 
-def test_adapter_answers_each_request_with_its_rows_or_its_error(adapter, image_runner) -> None:
+def test_adapter_answers_each_image_with_its_rows_or_its_error(make_adapter, image_runner) -> None:
+    adapter = make_adapter("image")
     good = make_image(100, 80)
     responses = adapter.execute([_Request(good), _Request(b"nope"), _Request(None),
                                  _Request(make_image(64, 48, "JPEG", seed=1), wanted=("embeddings",))])
     [want] = image_runner.run([good])
     first, bad, missing, only_rows = responses
-    assert first.error is None
+    assert first.error is None and set(first.tensors) == {"embeddings", "grid_thw"}
     assert first.tensors["embeddings"].shape == (1, *want.embeddings.shape)
     np.testing.assert_allclose(first.tensors["embeddings"][0], want.embeddings, atol=1e-5, rtol=0)
     assert first.tensors["grid_thw"].tolist() == [want.grid_thw.tolist()]
@@ -487,3 +488,20 @@ def test_adapter_answers_each_request_with_its_rows_or_its_error(adapter, image_
     assert missing.error.code == _Error.INVALID_ARG
     assert set(only_rows.tensors) == {"embeddings"}
     assert adapter._items.values == [1, 1] and adapter._batch.values == [4]
+    assert adapter._tokens.values == [want.tokens, 4]
+
+
+def test_adapter_answers_each_audio_clip_with_its_features(make_adapter, audio_runner) -> None:
+    adapter = make_adapter("audio")
+    clips = [make_audio(1.0), make_audio(0.5, seed=2, fmt="FLAC")]
+    responses = adapter.execute([_Request(clips[0]), _Request(make_image(32, 32)), _Request(clips[1])])
+    first, bad, last = responses
+    assert bad.error.code == _Error.INVALID_ARG and bad.error.message.startswith("media:")
+    for response, clip in ((first, clips[0]), (last, clips[1])):
+        [want] = audio_runner.run([clip])
+        assert response.error is None and set(response.tensors) == {"features"}
+        got = response.tensors["features"]
+        assert got.dtype == np.float32 and got.shape == (1, MEL_BINS, want.features.shape[1])
+        np.testing.assert_array_equal(got[0], want.features)
+    assert adapter._tokens.values == [25, 12]  # 100 and 50 frames
+    assert adapter._items.values == [1, 1] and adapter._batch.values == [3]

@@ -22,6 +22,7 @@ from omni_serve.orchestrator.request import parse_request
 
 CODEC = {"offset": 1000, "size": 64, "bos": 1064, "eos": 1065}
 SAMPLES_PER_CODE = 10
+MEL_BINS = 128
 HIDDEN = 4
 
 
@@ -60,9 +61,13 @@ class ScriptedStages:
             raise StageCallError("INVALID_ARG", f"{model} refuses")
         if model == self.hang:
             await asyncio.sleep(3600)
-        if model in ("ienc", "aenc"):
+        if model == "ienc":  # a grid of (1, 2, 2 * rows) patches: `rows` rows after 2x2 merging
             rows = 2 + len(bytes(inputs[ENCODER.MEDIA].reshape(-1)[0])) % 3
-            return {ENCODER.EMBEDDINGS: np.full((1, rows, HIDDEN), 0.5, np.float32)}
+            return {ENCODER.EMBEDDINGS: np.full((1, rows, HIDDEN), 0.5, np.float32),
+                    ENCODER.GRID_THW: np.array([[1, 2, 2 * rows]], np.int64)}
+        if model == "aenc":
+            frames = 20 + len(bytes(inputs[ENCODER.MEDIA].reshape(-1)[0]))
+            return {ENCODER.FEATURES: np.full((1, MEL_BINS, frames), 0.25, np.float32)}
         if model == "dec":
             codes = inputs[AUDIO.CODEC_TOKENS].reshape(-1).tolist()
             context = int(inputs[AUDIO.CONTEXT_TOKENS].reshape(-1)[0])
@@ -93,9 +98,9 @@ class ScriptedStages:
                 await asyncio.sleep(3600)
             if model == "llm":
                 prompt = inputs[LLM.TEXT_INPUT][0].decode()
-                rows = inputs.get(LLM.MM_EMBEDS)
-                slots = prompt.count("<|IMAGE|>") + prompt.count("<|AUDIO|>")
-                assert (0 if rows is None else rows.shape[0]) == slots
+                # one placeholder per item; the engine expands it
+                assert prompt.count("<|IMAGE|>") == (LLM.IMAGE_EMBEDS in inputs)
+                assert prompt.count("<|AUDIO|>") == (LLM.AUDIO_FEATURES in inputs)
                 for i in range(self.reply_tokens):
                     await asyncio.sleep(self.token_delay)
                     last = i == self.reply_tokens - 1
@@ -196,14 +201,21 @@ def test_pipelined_segments_talk_concurrently_and_sequential_ones_do_not():
         assert (stages.max_talking > 1) is overlap, mode
 
 
-def test_media_rows_fill_the_prompt_placeholders():
+def test_the_encoders_outputs_go_to_the_thinker_with_one_placeholder_each():
     cfg = config()
     stages = ScriptedStages(reply_tokens=2)
     run(OmniPipeline(cfg, stages), tensors(image=b"img-bytes", audio=b"wav"), cfg)
     models = [m for m, _ in stages.calls]
     assert sorted(models[:2]) == ["aenc", "ienc"] and models[2] == "llm"
-    prompt = stages.calls[2][1][LLM.TEXT_INPUT][0].decode()
-    assert prompt.index("<|audio_bos|>") < prompt.index("<|vision_bos|>") < prompt.index("hello")
+    thinker = stages.calls[2][1]
+    prompt = thinker[LLM.TEXT_INPUT][0].decode()
+    assert prompt.index("<|audio_bos|><|AUDIO|><|audio_eos|>") \
+        < prompt.index("<|vision_bos|><|IMAGE|><|vision_eos|>") < prompt.index("hello")
+    rows = 2 + len(b"img-bytes") % 3
+    assert thinker[LLM.IMAGE_EMBEDS].shape == (rows, HIDDEN)
+    assert thinker[LLM.IMAGE_GRID_THW].tolist() == [[1, 2, 2 * rows]]
+    assert thinker[LLM.AUDIO_FEATURES].shape == (MEL_BINS, 20 + len(b"wav"))
+    assert thinker[LLM.AUDIO_FEATURE_LENGTHS].tolist() == [20 + len(b"wav")]
 
 
 def test_image_output_uses_the_reply_as_the_prompt():
@@ -272,8 +284,11 @@ def test_bad_requests_name_the_input(extra, field, message):
 
 def test_modalities_need_their_stages():
     cfg = config(stages={"thinker": "llm"}, codec=None)
-    with pytest.raises(RequestError, match="this pipeline offers \\['text'\\]"):
+    with pytest.raises(RequestError, match="'audio' needs a talker and an audio_decoder stage, "
+                       "which this pipeline has not .*; it offers \\['text'\\]"):
         parse_request("r", tensors(modalities=["audio"]), cfg)
+    with pytest.raises(RequestError, match="this pipeline offers \\['text'\\]"):
+        parse_request("r", tensors(modalities=["image"]), cfg)
     with pytest.raises(RequestError, match="no audio encoder stage"):
         parse_request("r", tensors(audio=b"wav"), cfg)
     req = parse_request("r", tensors(modalities=['["audio", "text"]']), config())

@@ -67,7 +67,7 @@ class _Call:
 
 def _stop_after_first_response(client, how: str) -> None:
     async def consume(got: asyncio.Event):
-        async for _ in client.stream("llm", {LLM.MM_EMBEDS: EMBEDS}, [LLM.TEXT_OUTPUT],
+        async for _ in client.stream("llm", {LLM.IMAGE_EMBEDS: EMBEDS}, [LLM.TEXT_OUTPUT],
                                      request_id="omni-1-thinker", timeout_s=30):
             got.set()
             if how == "break":
@@ -153,7 +153,7 @@ def test_a_cancelled_unary_call_is_left_to_finish_and_then_releases_its_region()
         nonlocal answer
         answer = asyncio.Event()
         client._outputs = staticmethod(lambda result, outputs: {})
-        task = asyncio.create_task(client.infer("audio_decoder", {LLM.MM_EMBEDS: EMBEDS}, []))
+        task = asyncio.create_task(client.infer("audio_decoder", {LLM.IMAGE_EMBEDS: EMBEDS}, []))
         while not server.infers:
             await asyncio.sleep(0.01)
         task.cancel()

@@ -107,12 +107,12 @@ def test_one_client_per_server_and_shared_memory_only_for_the_remote_one():
 
 def test_only_large_numeric_inputs_go_to_shared_memory():
     inputs = {LLM.TEXT_INPUT: np.array([b"x" * 100 * KIB], dtype=np.object_),
-              LLM.MM_EMBEDS: EMBEDS, LLM.PROMPT_TOKEN_IDS: IDS,
+              LLM.IMAGE_EMBEDS: EMBEDS, LLM.PROMPT_TOKEN_IDS: IDS,
               "odd": np.zeros(64 * KIB + 1, np.uint8)}
     offsets, size = shm_layout(inputs, 64 * KIB)
-    assert offsets == {LLM.MM_EMBEDS: 0, "odd": EMBEDS.nbytes}
+    assert offsets == {LLM.IMAGE_EMBEDS: 0, "odd": EMBEDS.nbytes}
     assert size == EMBEDS.nbytes + 64 * KIB + 64  # each tensor starts 64-byte aligned
-    assert shm_layout(inputs, 1)[0].keys() == {LLM.MM_EMBEDS, LLM.PROMPT_TOKEN_IDS, "odd"}
+    assert shm_layout(inputs, 1)[0].keys() == {LLM.IMAGE_EMBEDS, LLM.PROMPT_TOKEN_IDS, "odd"}
 
 
 # --- the regions --------------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_a_call_places_large_inputs_in_one_region_and_releases_it():
 
     async def go():
         client._outputs = staticmethod(lambda result, outputs: {})
-        await client.infer("llm", {LLM.MM_EMBEDS: EMBEDS, LLM.PROMPT_TOKEN_IDS: IDS}, [])
+        await client.infer("llm", {LLM.IMAGE_EMBEDS: EMBEDS, LLM.PROMPT_TOKEN_IDS: IDS}, [])
         [inputs] = server.infers
         embeds, ids = inputs
         region = embeds._get_tensor().parameters["shared_memory_region"].string_param
@@ -211,7 +211,7 @@ def test_the_server_reads_the_exact_rows_and_the_name_is_gone_from_dev_shm_at_on
     client = client_for(server, min_bytes=1)
 
     async def go():
-        inputs, region = await client._place({LLM.MM_EMBEDS: EMBEDS, LLM.PROMPT_TOKEN_IDS: IDS})
+        inputs, region = await client._place({LLM.IMAGE_EMBEDS: EMBEDS, LLM.PROMPT_TOKEN_IDS: IDS})
         assert leftovers() == []  # unlinked once registered: nothing to leak if we die
         content = server.regions[region]
         assert np.array_equal(read(content, inputs[0], EMBEDS), EMBEDS)
@@ -228,7 +228,7 @@ def test_a_region_still_in_use_is_unregistered_when_the_server_lets_go():
     client = client_for(server)
 
     async def go():
-        _, region = await client._place({LLM.MM_EMBEDS: EMBEDS})
+        _, region = await client._place({LLM.IMAGE_EMBEDS: EMBEDS})
         client._release(region)
         await client.shm.drain()
         return region
@@ -244,7 +244,7 @@ def test_what_is_left_registered_is_unregistered_at_close():
     client.shm.retry_s = 0.05
 
     async def go():
-        _, region = await client._place({LLM.MM_EMBEDS: EMBEDS})
+        _, region = await client._place({LLM.IMAGE_EMBEDS: EMBEDS})
         client._release(region)
         await client.shm.drain()  # gave up: the server still holds it
         assert client.shm.registered == {region}
@@ -288,7 +288,7 @@ def test_a_streamed_call_releases_its_region_however_it_ends(how):
     client = client_for(server)
 
     async def consume():
-        async for _ in client.stream("llm", {LLM.MM_EMBEDS: EMBEDS}, [LLM.TEXT_OUTPUT],
+        async for _ in client.stream("llm", {LLM.IMAGE_EMBEDS: EMBEDS}, [LLM.TEXT_OUTPUT],
                                      request_id="r", timeout_s=0.2 if how == "timeout" else 30):
             pass
 
@@ -316,7 +316,7 @@ def test_auto_falls_back_to_grpc_when_the_server_cannot_open_the_region():
     client = client_for(server, "auto")
 
     async def go():
-        inputs, region = await client._place({LLM.MM_EMBEDS: EMBEDS})
+        inputs, region = await client._place({LLM.IMAGE_EMBEDS: EMBEDS})
         assert region is None and inputs[0]._get_content() == EMBEDS.tobytes()
         assert client.shm is None  # for good: no second try per call
         await asyncio.sleep(0.05)
@@ -335,7 +335,7 @@ def test_a_failed_registration_is_an_error_when_shared_memory_was_asked_for(mode
 
     async def go():
         with pytest.raises(StageCallError) as err:
-            await client._place({LLM.MM_EMBEDS: EMBEDS})
+            await client._place({LLM.IMAGE_EMBEDS: EMBEDS})
         assert err.value.code == code and "registering system shared memory" in err.value.message
         await client.shm.drain()
 
@@ -359,12 +359,12 @@ def test_a_region_this_host_cannot_create_sends_that_call_inline(monkeypatch):
     monkeypatch.setattr(shm, "create_shared_memory_region", full)
 
     async def go():
-        inputs, region = await client._place({LLM.MM_EMBEDS: EMBEDS})
+        inputs, region = await client._place({LLM.IMAGE_EMBEDS: EMBEDS})
         assert region is None and inputs[0]._get_content() == EMBEDS.tobytes()
         assert client.shm is not None  # only this call: the next one tries again
         client.shm_mode = "system"
         with pytest.raises(StageCallError, match="system shared memory for 127.0.0.1:8001"):
-            await client._place({LLM.MM_EMBEDS: EMBEDS})
+            await client._place({LLM.IMAGE_EMBEDS: EMBEDS})
 
     asyncio.run(go())
     assert server.register_calls == []

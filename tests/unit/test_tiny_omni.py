@@ -1,8 +1,12 @@
-"""omni_tools.tiny_omni: the tiny Qwen2.5-Omni thinker and its export as a Qwen2ForCausalLM (CPU, no server).
+"""omni_tools.tiny_omni: the tiny Qwen2.5-Omni thinker and the full tiny checkpoint (CPU, no server).
 
-The exported LM must be the thinker's language model exactly: same logits on
-text, same greedy tokens, from a thinker-only and from a full Qwen2.5-Omni
-(`thinker.`-prefixed, sharded) checkpoint.
+The thinker checkpoint must be the real architecture, tiny, with a tokenizer,
+chat template and preprocessor config laid out as Qwen2.5-Omni's. The full
+checkpoint (`build_omni_checkpoint`, what vLLM serves the thinker from and
+every omni stage reads its part of) must be a Qwen2_5OmniForConditionalGeneration
+that transformers loads with no missing or unexpected weights, float32 in
+every part, with `build_omni_thinker`'s thinker, the Token2Wav it was given,
+voices in `spk_dict.pt`, and a Qwen2_5OmniProcessor on torchvision.
 """
 
 from __future__ import annotations
@@ -12,22 +16,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file
 from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
     AutoTokenizer,
+    PreTrainedModel,
     Qwen2_5OmniConfig,
+    Qwen2_5OmniForConditionalGeneration,
+    Qwen2_5OmniProcessor,
     Qwen2_5OmniThinkerForConditionalGeneration,
-    Qwen2ForCausalLM,
+    Qwen2_5OmniToken2WavModel,
     WhisperFeatureExtractor,
 )
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
 from omni_tools import tiny_omni as to
+from omni_tools import tiny_token2wav
 
 torch.set_num_threads(1)
 
 PROMPT = "<|im_start|>user\nwhat is the capital of france?<|im_end|>\n<|im_start|>assistant\n"
+NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +50,32 @@ def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lm_dir(thinker_dir: Path) -> Path:
-    out = thinker_dir.parent / "lm"
-    to.export_thinker_lm(thinker_dir, out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def thinker(thinker_dir: Path) -> Qwen2_5OmniThinkerForConditionalGeneration:
     return Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(thinker_dir).eval()
 
 
 @pytest.fixture(scope="module")
-def lm(lm_dir: Path) -> Qwen2ForCausalLM:
-    return Qwen2ForCausalLM.from_pretrained(lm_dir).eval()
+def prompt_ids(thinker_dir: Path) -> torch.Tensor:
+    return AutoTokenizer.from_pretrained(thinker_dir)(PROMPT, return_tensors="pt").input_ids
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(thinker_dir: Path) -> torch.Tensor:
-    return AutoTokenizer.from_pretrained(thinker_dir)(PROMPT, return_tensors="pt").input_ids
+def token2wav_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("omni-full") / "token2wav"
+    tiny_token2wav.build_token2wav(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_dir(token2wav_dir: Path) -> Path:
+    out = token2wav_dir.parent / "omni"
+    to.build_omni_checkpoint(out, token2wav_dir=token2wav_dir)
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_model(full_dir: Path) -> Qwen2_5OmniForConditionalGeneration:
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(full_dir).eval()
 
 
 # --- the tiny thinker -------------------------------------------------------------------
@@ -104,80 +123,130 @@ def test_chat_template_renders_media_placeholders(thinker_dir: Path) -> None:
 
 
 def test_preprocessor_configs_load_from_the_checkpoint(thinker_dir: Path) -> None:
-    image = Qwen2VLImageProcessorPil.from_pretrained(thinker_dir)
+    image = AutoImageProcessor.from_pretrained(thinker_dir)
+    assert type(image) is Qwen2VLImageProcessor  # the torchvision one, as vLLM and the processor use
     assert image.size["shortest_edge"] == to.TINY_MIN_PIXELS
     assert image.size["longest_edge"] == to.TINY_MAX_PIXELS
     assert (image.patch_size, image.merge_size, image.temporal_patch_size) == (14, 2, 2)
     audio = WhisperFeatureExtractor.from_pretrained(thinker_dir)
     assert (audio.feature_size, audio.sampling_rate, audio.hop_length) == (128, 16000, 160)
+    assert audio.n_samples == to.TINY_AUDIO_CHUNK_SECONDS * 16000
 
 
-# --- the exported LM --------------------------------------------------------------------
+def test_thinker_greedy_tokens_vary(thinker, prompt_ids) -> None:
+    out = thinker.generate(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids),
+                           max_new_tokens=NEW_TOKENS, do_sample=False)[0, prompt_ids.shape[1]:]
+    assert len(out) == NEW_TOKENS
+    assert len(set(out.tolist())) > 2  # wide init: greedy output is not one repeated token
 
 
-def test_export_writes_a_plain_qwen2_checkpoint(thinker, lm_dir: Path) -> None:
-    config = json.loads((lm_dir / "config.json").read_text())
-    assert config["architectures"] == ["Qwen2ForCausalLM"] and config["model_type"] == "qwen2"
-    assert "mrope_section" not in json.dumps(config)
-    theta = thinker.config.text_config.rope_parameters["rope_theta"]
-    assert config["rope_parameters"]["rope_theta"] == theta
-    assert config["dtype"] == "float32" and config["tie_word_embeddings"] is False
-    with safe_open(lm_dir / "model.safetensors", "pt") as f:
-        names = set(f.keys())
-    thinker_names = {n for n in thinker.state_dict() if n.startswith("model.") or n == "lm_head.weight"}
-    assert names == thinker_names
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        assert (lm_dir / name).is_file(), name
+# --- the full Qwen2.5-Omni checkpoint ----------------------------------------------------
 
 
-def test_exported_lm_gives_the_thinker_logits_on_text(thinker, lm, prompt_ids) -> None:
-    with torch.no_grad():
-        want = thinker(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids)).logits
-        got = lm(input_ids=prompt_ids).logits
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
-def test_exported_lm_greedy_tokens_equal_the_thinker_and_vary(thinker, lm, prompt_ids) -> None:
-    kw = {"max_new_tokens": 8, "do_sample": False, "attention_mask": torch.ones_like(prompt_ids)}
+def test_full_config_is_qwen2_5_omni_and_float32_everywhere(full_dir: Path) -> None:
+    config = AutoConfig.from_pretrained(full_dir)
+    assert type(config) is Qwen2_5OmniConfig and config.model_type == "qwen2_5_omni"
+    assert config.architectures == ["Qwen2_5OmniForConditionalGeneration"]
+    parts = {"config": config, "thinker_config": config.thinker_config,
+             "thinker_config.text_config": config.thinker_config.text_config,
+             "talker_config": config.talker_config, "token2wav_config": config.token2wav_config}
+    assert {name: _dtype_name(part.dtype) for name, part in parts.items()} == dict.fromkeys(parts, "float32")
+    # as written on disk, where vLLM reads the text config's dtype for dtype="auto"
+    raw = json.loads((full_dir / "config.json").read_text())
+    on_disk = {"config": raw["dtype"], "thinker_config": raw["thinker_config"]["dtype"],
+               "thinker_config.text_config": raw["thinker_config"]["text_config"]["dtype"],
+               "talker_config": raw["talker_config"]["dtype"],
+               "token2wav_config": raw["token2wav_config"]["dtype"]}
+    assert on_disk == dict.fromkeys(parts, "float32")
+    assert config.enable_audio_output is True
+
+
+def test_full_checkpoint_has_the_hub_layout(full_dir: Path, thinker_dir: Path) -> None:
+    for name in ("config.json", "model.safetensors", "spk_dict.pt", "generation_config.json",
+                 "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+        assert (full_dir / name).is_file(), name
+    with safe_open(full_dir / "model.safetensors", "pt") as f:
+        prefixes = {name.split(".", 1)[0] for name in f.keys()}
+    assert prefixes == {"thinker", "talker", "token2wav"}
+    assert (json.loads((full_dir / "preprocessor_config.json").read_text())
+            == json.loads((thinker_dir / "preprocessor_config.json").read_text()))
+    size = sum(f.stat().st_size for f in full_dir.rglob("*") if f.is_file())
+    assert size < 20 * 2**20
+
+
+def test_full_model_loads_with_no_missing_or_unexpected_weights(full_dir: Path) -> None:
+    # PreTrainedModel's own loader: Qwen2_5Omni's override cannot return the loading info
+    _, info = PreTrainedModel.from_pretrained.__func__(
+        Qwen2_5OmniForConditionalGeneration, full_dir, output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+    assert info["mismatched_keys"] == set() and info["error_msgs"] == []
+
+
+def test_full_model_parts_are_float32(full_model) -> None:
+    for part in (full_model.thinker, full_model.talker, full_model.token2wav):
+        assert {p.dtype for p in part.parameters()} == {torch.float32}, type(part).__name__
+
+
+def test_spk_dict_holds_the_voices_with_thinker_bos_tokens(full_dir: Path, token2wav_dir: Path,
+                                                           full_model) -> None:
+    speakers = torch.load(full_dir / "spk_dict.pt", weights_only=True)
+    assert set(speakers) == {"Chelsie", "Ethan"}
+    voices = load_file(str(token2wav_dir / "speakers.safetensors"))
+    config = full_model.config
+    vocab = config.thinker_config.text_config.vocab_size
+    tokens = len(AutoTokenizer.from_pretrained(full_dir))
+    talker_text_ids = {config.talker_config.tts_text_start_token_id,
+                       config.talker_config.tts_text_end_token_id,
+                       config.talker_config.tts_text_pad_token_id}
+    bos = {}
+    for name, voice in speakers.items():
+        assert set(voice) == {"cond", "ref_mel", "bos_token"}, name
+        torch.testing.assert_close(voice["cond"], voices[f"{name}.cond"], atol=0, rtol=0)
+        torch.testing.assert_close(voice["ref_mel"], voices[f"{name}.ref_mel"], atol=0, rtol=0)
+        bos[name] = int(voice["bos_token"])
+        # the talker embeds it with the thinker's embedding table: inside the vocabulary,
+        # yet no text token, and none of the talker's own tts_text ids
+        assert tokens <= bos[name] < vocab, (name, bos[name])
+        assert bos[name] not in talker_text_ids
+    assert len(set(bos.values())) == 2
+    assert {name: int(v["bos_token"]) for name, v in full_model.speaker_map.items()} == bos
+
+
+def test_full_thinker_weights_are_build_omni_thinkers(full_model, thinker) -> None:
+    want = thinker.state_dict()
+    got = full_model.thinker.state_dict()
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_full_token2wav_weights_are_the_given_ones(full_model, token2wav_dir: Path) -> None:
+    want = Qwen2_5OmniToken2WavModel.from_pretrained(token2wav_dir).state_dict()
+    got = full_model.token2wav.state_dict()
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_full_processor_is_qwen2_5_omni_on_torchvision(full_dir: Path, full_model) -> None:
+    processor = Qwen2_5OmniProcessor.from_pretrained(full_dir)
+    assert type(processor.image_processor) is Qwen2VLImageProcessor
+    assert type(processor.feature_extractor) is WhisperFeatureExtractor
+    cfg = full_model.config.thinker_config
+    image = Image.new("RGB", (100, 80), (200, 30, 90))
+    batch = processor(text=f"{to.VISION_BOS_TOKEN}{to.IMAGE_TOKEN}{to.VISION_EOS_TOKEN}hi", images=[image],
+                      return_tensors="pt")
+    assert batch["image_grid_thw"].tolist() == [[1, 6, 8]]  # 100x80 -> 112x84 -> 8x6 patches
+    assert int((batch["input_ids"] == cfg.image_token_id).sum()) == 12  # one per 2x2 merged patches
+
+
+def test_full_thinker_generates_varying_tokens_as_the_thinker(full_model, thinker, prompt_ids) -> None:
+    kw = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "attention_mask": torch.ones_like(prompt_ids)}
+    got = full_model.thinker.generate(input_ids=prompt_ids, **kw)[0, prompt_ids.shape[1]:]
     want = thinker.generate(input_ids=prompt_ids, **kw)[0, prompt_ids.shape[1]:]
-    got = lm.generate(input_ids=prompt_ids, **kw)[0, prompt_ids.shape[1]:]
     assert got.tolist() == want.tolist()
-    assert len(set(got.tolist())) > 2  # wide init: greedy output is not one repeated token
-
-
-def _full_omni_checkpoint(thinker_dir: Path, out: Path) -> None:
-    """The tiny thinker as a full Qwen2.5-Omni checkpoint: thinker_config, `thinker.` keys, 2 shards."""
-    out.mkdir()
-    with safe_open(thinker_dir / "model.safetensors", "pt") as f:
-        tensors = {f"thinker.{n}": f.get_tensor(n) for n in f.keys()}
-    names = sorted(tensors)
-    half = len(names) // 2
-    weight_map = {}
-    for i, part in enumerate((names[:half], names[half:]), start=1):
-        file = f"model-0000{i}-of-00002.safetensors"
-        save_file({n: tensors[n] for n in part}, str(out / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(part, file))
-    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    thinker_config = json.loads((thinker_dir / "config.json").read_text())
-    Qwen2_5OmniConfig(thinker_config=thinker_config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(thinker_dir).save_pretrained(out)
-
-
-def test_export_reads_a_full_omni_checkpoint_and_shards(thinker_dir: Path, lm, prompt_ids,
-                                                        tmp_path: Path) -> None:
-    full = tmp_path / "omni"
-    _full_omni_checkpoint(thinker_dir, full)
-    out = tmp_path / "lm"
-    to.export_thinker_lm(full, out, max_shard_bytes=2**20)
-    index = json.loads((out / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) > 1
-    assert not any(n.startswith(("thinker.", "visual.", "audio_tower.")) for n in index["weight_map"])
-    sharded = Qwen2ForCausalLM.from_pretrained(out).eval()
-    with torch.no_grad():
-        torch.testing.assert_close(sharded(input_ids=prompt_ids).logits, lm(input_ids=prompt_ids).logits,
-                                   atol=0, rtol=0)
-
-
-def test_export_rejects_a_non_omni_checkpoint(lm_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="thinker"):
-        to.export_thinker_lm(lm_dir, tmp_path / "out")
+    assert len(set(got.tolist())) > 2  # not one repeated id

@@ -41,6 +41,7 @@ from omni_serve.contract import (
     TensorSpec,
 )
 
+from . import checkpoint
 from .spec import (
     SPECS_DIR,
     InstancesSpec,
@@ -409,6 +410,9 @@ def _parser() -> argparse.ArgumentParser:
                f"{PROG} my-pipeline.yaml -o repo; {PROG} --check my-pipeline.yaml")
     parser.add_argument("spec", nargs="?", type=Path, help="pipeline spec (YAML)")
     parser.add_argument("--preset", metavar="NAME", help="use a shipped spec (see --list-presets)")
+    parser.add_argument("--model", metavar="DIR", type=Path,
+                        help="with --preset omni-chat: a Qwen2.5-Omni checkpoint folder as the hub "
+                             "ships it; every stage reads its part of it")
     parser.add_argument("-o", "--output", metavar="DIR", type=Path,
                         help="model repository folder to write")
     parser.add_argument("--check", action="store_true", help="validate only; write nothing")
@@ -438,6 +442,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return None
     if (args.spec is None) == (args.preset is None):
         return "give either a spec file or --preset NAME (exactly one)"
+    if args.model is not None and args.preset is None:
+        return "--model goes with --preset (a spec file names its models itself)"
     if args.check and args.output is not None:
         return "--check writes nothing; drop -o/--output"
     if not args.check and args.output is None:
@@ -491,7 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_schema:
             print(json.dumps(PipelineSpec.model_json_schema(), indent=2))
             return 0
-        spec = load_preset(args.preset) if args.preset else load_spec(args.spec)
+        if args.model is not None:
+            spec = _preset_with_model(args.preset, args.model)
+        else:
+            spec = load_preset(args.preset) if args.preset else load_spec(args.spec)
         if args.check:
             plans = plan(spec, resolve_models=False, triton_version=args.triton_version)
             print(f"OK: {spec.source}: pipeline {spec.pipeline} for Triton "
@@ -513,6 +522,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{server}:\n{_describe(mine)}\n"
               f"  serve it with: tritonserver --model-repository={out / server}{_flags(mine)}")
     return 0
+
+
+def _preset_with_model(name: str, folder: Path) -> PipelineSpec:
+    """The preset, its checkpoint replaced by `folder` (checked first)."""
+    source = f"preset {name} --model {folder}"
+    load_preset(name)  # an unknown name lists the presets
+    data = yaml.safe_load((SPECS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+    data, problems = checkpoint.point_preset_at(data, folder.absolute())
+    if problems:
+        raise SpecError(source, problems)
+    return parse_spec(data, base_dir=SPECS_DIR, source=source)
 
 
 def _flags(plans: list[StagePlan]) -> str:

@@ -631,19 +631,24 @@ def build_talker(out: Path, *, text_vocab: int, codec_vocab: int = OMNI_CODEC_VO
     (out / TALKER_CODEC_FILE).write_text(json.dumps(codec, indent=2) + "\n")
 
 
-@register("qwen2.5-omni-tiny", version=1,
-          description="Qwen2.5-Omni thinker (vision+audio towers), its LM, a talker, Token2Wav")
+@register("qwen2.5-omni-tiny", version=2,
+          description="Qwen2.5-Omni (thinker with vision+audio towers, talker, Token2Wav), hub layout")
 def _build_qwen25_omni_tiny(out: Path) -> None:
-    """thinker/ (Qwen2_5OmniThinkerForConditionalGeneration + processors), thinker-lm/
-    (its language model as Qwen2ForCausalLM, served by vLLM with prompt_embeds),
-    talker/ (Qwen2ForCausalLM, text in, codec out) and token2wav/ (Qwen2_5OmniToken2WavModel)."""
+    """The folder is a whole `Qwen2_5OmniForConditionalGeneration` checkpoint as the hub ships
+    one (config.json, model.safetensors with thinker.*/talker.*/token2wav.*, spk_dict.pt,
+    tokenizer and processor files): the thinker engine and the encoders read it.
+
+    Until the real talker is served, the speech path reads two parts of its own:
+    talker/ (a Qwen2ForCausalLM, the reply's text tokens in, codec ids out) and
+    token2wav/ (the same Token2Wav weights and voices in the audio stage's layout).
+    """
     from omni_tools import tiny_omni, tiny_token2wav
 
-    tiny_omni.build_omni_thinker(out / "thinker")
-    tiny_omni.export_thinker_lm(out / "thinker", out / "thinker-lm")
-    text_vocab = json.loads((out / "thinker-lm" / "config.json").read_text())["vocab_size"]
-    build_talker(out / "talker", text_vocab=text_vocab)
     tiny_token2wav.build_token2wav(out / "token2wav", codec_vocab=OMNI_CODEC_VOCAB)
+    tiny_omni.build_omni_checkpoint(out, token2wav_dir=out / "token2wav")
+    text_vocab = json.loads((out / "config.json").read_text())["thinker_config"]["text_config"][
+        "vocab_size"]
+    build_talker(out / "talker", text_vocab=text_vocab)
 
 
 # --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A tiny random-weight Qwen2.5-Omni thinker, and the export of a thinker's language model.
+"""Tiny random-weight Qwen2.5-Omni checkpoints: a thinker alone, and the whole model.
 
 Where it runs: in the set-up / user process (`omni-build-tiny`, through the
 tiny_models registry) and in tests. Never inside tritonserver: the encoder
@@ -11,14 +11,10 @@ What flows through it:
   Qwen2.5-Omni's placeholder tokens, and one `preprocessor_config.json` that
   holds both the Qwen2-VL image processor and the Whisper feature extractor
   settings, as the real Qwen2.5-Omni checkpoints do.
-- `export_thinker_lm(thinker_dir, out)` writes the thinker's text model and
-  lm_head as a plain `Qwen2ForCausalLM` checkpoint that vLLM serves; the
-  omni pipeline feeds it `prompt_embeds` (text-token embeddings with the
-  encoder rows scattered into the placeholder positions). The thinker's text
-  rope is M-RoPE; when the three position components are equal (text tokens,
-  audio tokens) it is the 1D RoPE of Qwen2 with the same rope_theta.
-  Works for a thinker-only checkpoint and for a full Qwen2.5-Omni checkpoint
-  (`thinker.`-prefixed weights, `thinker_config` in config.json).
+- `build_omni_checkpoint(out, token2wav_dir=...)` writes the whole
+  `Qwen2_5OmniForConditionalGeneration` (that thinker, a talker, Token2Wav)
+  in the hub's layout, `spk_dict.pt` included: the folder a user downloads,
+  which every omni stage reads its part of.
 """
 
 from __future__ import annotations
@@ -94,9 +90,6 @@ TINY_MAX_PIXELS = 28 * 28 * 32
 # As the real Qwen2.5-Omni: the processor takes clips up to 300 s.
 TINY_AUDIO_CHUNK_SECONDS = 300
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-_SAFETENSORS_DTYPE = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
 # --------------------------------------------------------------------------
@@ -201,8 +194,10 @@ def save_preprocessor_config(out: Path, *, min_pixels: int = TINY_MIN_PIXELS,
                              chunk_seconds: int = TINY_AUDIO_CHUNK_SECONDS) -> None:
     """One preprocessor_config.json for images and audio, laid out as Qwen2.5-Omni's.
 
-    `Qwen2VLImageProcessorPil.from_pretrained(out)` and
-    `WhisperFeatureExtractor.from_pretrained(out)` both read it.
+    `Qwen2_5OmniProcessor.from_pretrained(out)` reads it: its image processor
+    (`image_processor_type` Qwen2VLImageProcessor, the torchvision one; the
+    PIL class here only writes the shared settings) and its
+    `WhisperFeatureExtractor`.
     """
     from transformers import WhisperFeatureExtractor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -246,134 +241,104 @@ def build_omni_thinker(out: Path, *, seed: int = tm.DEFAULT_SEED) -> None:
 
 
 # --------------------------------------------------------------------------
-# thinker LM export
+# the full Qwen2.5-Omni checkpoint
 # --------------------------------------------------------------------------
 
+# Talker ids (the real model: codes 0..8191, pad 8292, bos 8293, eos 8294, mask 8296 in a
+# vocabulary of 8448); the tiny one keeps the layout with TINY_CODEC_CODES codes.
+TINY_CODEC_CODES = 512
+TINY_TALKER_IDS = {"vocab_size": 576, "tts_codec_pad_token_id": 516,
+                   "tts_codec_start_token_id": 517, "tts_codec_end_token_id": 518,
+                   "tts_codec_mask_token_id": 520}
+TINY_TALKER_MROPE_SECTION = (4, 6, 6)  # sums to head_dim 32 / 2
+VOICE_BOS = {"Chelsie": -5, "Ethan": -4}  # spk_dict bos_token: offset from the thinker vocab end
 
-def qwen2_config_from_thinker(thinker_config: Any, *, tie_word_embeddings: bool, dtype: str) -> Any:
-    """A Qwen2Config with the thinker text model's shapes; M-RoPE becomes 1D RoPE (same theta)."""
-    from transformers import Qwen2Config
 
-    tc = thinker_config.text_config
-    rope = dict(tc.rope_parameters or {})
-    for key in ("mrope_section", "mrope_interleaved", "type"):
-        rope.pop(key, None)
-    rope.setdefault("rope_type", "default")
+def tiny_omni_config(thinker_config: Any) -> Any:
+    """A Qwen2_5OmniConfig: `thinker_config`, a tiny talker and the tiny Token2Wav.
 
-    def token_id(name: str) -> Any:
-        value = getattr(tc, name, None)
-        return value if value is not None else getattr(thinker_config, name, None)
+    Every part says float32, as a real checkpoint says bfloat16: vLLM reads the
+    dtype of the text config when `dtype` is "auto".
+    """
+    from transformers import Qwen2_5OmniConfig, Qwen2_5OmniToken2WavConfig
 
-    extra = {}
-    if getattr(tc, "head_dim", None) is not None:
-        extra["head_dim"] = tc.head_dim
-    config = Qwen2Config(
-        vocab_size=tc.vocab_size,
-        hidden_size=tc.hidden_size,
-        intermediate_size=tc.intermediate_size,
-        num_hidden_layers=tc.num_hidden_layers,
-        num_attention_heads=tc.num_attention_heads,
-        num_key_value_heads=tc.num_key_value_heads,
-        hidden_act=tc.hidden_act,
-        max_position_embeddings=tc.max_position_embeddings,
-        initializer_range=tc.initializer_range,
-        rms_norm_eps=tc.rms_norm_eps,
-        use_cache=True,
-        rope_parameters=rope,
-        use_sliding_window=tc.use_sliding_window,
-        sliding_window=tc.sliding_window,
-        max_window_layers=tc.max_window_layers,
-        layer_types=list(tc.layer_types) if tc.layer_types is not None else None,
-        attention_dropout=tc.attention_dropout,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=token_id("bos_token_id"),
-        eos_token_id=token_id("eos_token_id"),
-        pad_token_id=token_id("pad_token_id"),
-        dtype=dtype,  # vLLM loads the dtype the config names
-        **extra,
-    )
-    config.architectures = ["Qwen2ForCausalLM"]
+    from omni_tools import tiny_token2wav
+
+    vocab = thinker_config.text_config.vocab_size
+    media_ids = {name: getattr(thinker_config, name) for name in (
+        "audio_token_index", "image_token_index", "video_token_index", "vision_start_token_id",
+        "vision_end_token_id", "audio_start_token_id", "audio_end_token_id")}
+    talker = dict(
+        **media_ids, **TINY_TALKER_IDS,
+        # the thinker's text tokens the talker reads: unused ids at the end of its vocabulary
+        tts_text_start_token_id=vocab - 3, tts_text_end_token_id=vocab - 2,
+        tts_text_pad_token_id=vocab - 1,
+        embedding_size=thinker_config.text_config.hidden_size, hidden_size=64,
+        intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, max_position_embeddings=TINY_MAX_LEN, max_window_layers=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                         "mrope_section": list(TINY_TALKER_MROPE_SECTION)},
+        initializer_range=0.5, dtype="float32")
+    token2wav = Qwen2_5OmniToken2WavConfig(
+        dit_config=dict(tiny_token2wav.TINY_DIT, num_embeds=TINY_CODEC_CODES + 1),
+        bigvgan_config=dict(tiny_token2wav.TINY_BIGVGAN))
+    thinker = thinker_config.to_dict()
+    thinker["dtype"] = "float32"
+    thinker["text_config"]["dtype"] = "float32"
+    config = Qwen2_5OmniConfig(thinker_config=thinker, talker_config=talker,
+                               token2wav_config={**token2wav.to_dict(), "dtype": "float32"},
+                               enable_audio_output=True)
+    config.architectures = ["Qwen2_5OmniForConditionalGeneration"]
+    config.dtype = "float32"
     return config
 
 
-def _plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    used = 0
-    for name, size in sizes.items():
-        if shards[-1] and used + size > max_shard_bytes:
-            shards.append([])
-            used = 0
-        shards[-1].append(name)
-        used += size
-    return shards
+def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = tm.DEFAULT_SEED) -> None:
+    """Write a tiny Qwen2_5OmniForConditionalGeneration checkpoint into `out`, in the hub layout.
 
-
-def export_thinker_lm(thinker_dir: Path, out: Path, *, max_shard_bytes: int = 4 * 2**30) -> None:
-    """Write the thinker's text model + lm_head in `thinker_dir` as a Qwen2ForCausalLM checkpoint.
-
-    `out` gets config.json, the safetensors weights (sharded above
-    `max_shard_bytes`, with an index), generation_config.json and the
-    tokenizer files. Tensors are copied one shard at a time in their stored
-    dtype, so a real 7B thinker exports without loading the whole model.
-    Raises ValueError when `thinker_dir` holds no Qwen2.5-Omni thinker.
+    `config.json` (Qwen2_5OmniConfig), one `model.safetensors` with the
+    `thinker.*`, `talker.*` and `token2wav.*` weights, `spk_dict.pt` (voice ->
+    `cond`, `ref_mel`, `bos_token`), `generation_config.json`, the tokenizer
+    and `preprocessor_config.json` (Qwen2_5OmniProcessor's image and audio
+    settings). The thinker is the one `build_omni_thinker` draws (same seed),
+    the Token2Wav and voices are the ones in `token2wav_dir`
+    (tiny_token2wav.build_token2wav), the talker is drawn here.
     """
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer, GenerationConfig
+    import torch
+    from safetensors.torch import load_file
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5OmniForConditionalGeneration,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+        Qwen2_5OmniToken2WavModel,
+    )
 
-    from omni_serve.encoder.runner import load_thinker_config, thinker_tensor_files
+    from omni_serve.audio.runner import SPEAKERS_FILE
 
-    thinker_dir, out = Path(thinker_dir), Path(out)
-    thinker_config = load_thinker_config(thinker_dir)
-    files, prefix = thinker_tensor_files(thinker_dir)
-
-    # thinker name -> exported name ("model.*" and "lm_head.weight" only)
-    rename: dict[str, str] = {}
-    for name in files:
-        local = name[len(prefix):]
-        if local.startswith("model.") or local == "lm_head.weight":
-            rename[name] = local
-    if f"{prefix}model.embed_tokens.weight" not in rename:
-        raise ValueError(f"{thinker_dir}: no thinker text model weights ({prefix}model.embed_tokens.weight)")
-    tied = f"{prefix}lm_head.weight" not in rename
-
-    sizes: dict[str, int] = {}
-    dtype = "float32"
-    for name in rename:
-        with safe_open(files[name], "pt") as f:
-            sl = f.get_slice(name)
-            n = 1
-            for d in sl.get_shape():
-                n *= d
-            sizes[name] = n * _DTYPE_BYTES.get(sl.get_dtype(), 4)
-            if name.endswith("embed_tokens.weight"):
-                dtype = _SAFETENSORS_DTYPE.get(sl.get_dtype(), "float32")
-
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    shards = _plan_shards(sizes, max_shard_bytes)
-    weight_map: dict[str, str] = {}
-    for i, names in enumerate(shards, start=1):
-        shard_name = ("model.safetensors" if len(shards) == 1
-                      else f"model-{i:05d}-of-{len(shards):05d}.safetensors")
-        tensors = {}
-        for name in names:
-            with safe_open(files[name], "pt") as f:
-                tensors[rename[name]] = f.get_tensor(name).contiguous()
-            weight_map[rename[name]] = shard_name
-        save_file(tensors, str(out / shard_name), metadata={"format": "pt"})
-        del tensors
-    if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-    config = qwen2_config_from_thinker(thinker_config, tie_word_embeddings=tied, dtype=dtype)
-    config.save_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(thinker_dir)
+    tokenizer = build_omni_tokenizer(TINY_MAX_LEN)
+    thinker_config = tiny_thinker_config(tokenizer)
+    config = tiny_omni_config(thinker_config)
+    torch.manual_seed(seed)
+    thinker = Qwen2_5OmniThinkerForConditionalGeneration(thinker_config).eval()
+    torch.manual_seed(seed + 11)
+    model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    model.thinker.load_state_dict(thinker.state_dict())
+    del thinker
+    token2wav = Qwen2_5OmniToken2WavModel.from_pretrained(token2wav_dir)
+    model.token2wav.load_state_dict(token2wav.state_dict())
+    model.save_pretrained(out, safe_serialization=True)
+    vocab = config.thinker_config.text_config.vocab_size
+    voices = load_file(str(Path(token2wav_dir) / SPEAKERS_FILE))
+    torch.save({name: {"cond": voices[f"{name}.cond"], "ref_mel": voices[f"{name}.ref_mel"],
+                       "bos_token": vocab + offset} for name, offset in VOICE_BOS.items()},
+               out / "spk_dict.pt")
+    ids = tm._special_ids(tokenizer)
+    GenerationConfig(
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
+        pad_token_id=ids["pad_token_id"],
+    ).save_pretrained(out)
     tokenizer.save_pretrained(out)
-    try:
-        generation = GenerationConfig.from_pretrained(thinker_dir)
-    except OSError:  # no generation_config.json: stop on the tokenizer's eos
-        generation = GenerationConfig(bos_token_id=config.bos_token_id, pad_token_id=config.pad_token_id,
-                                      eos_token_id=config.eos_token_id or tokenizer.eos_token_id)
-    generation.save_pretrained(out)
-    logger.info("exported %d thinker LM tensors from %s to %s", len(rename), thinker_dir, out)
+    save_preprocessor_config(out)

@@ -16,9 +16,11 @@ Modality = Literal["image", "audio"]
 class EncoderStageConfig(BaseModel):
     """Typed engine.json of a modality encoder stage; unknown keys are an error.
 
-    `model` is a Qwen2.5-Omni thinker checkpoint directory (or a full
-    Qwen2.5-Omni checkpoint); the stage loads only the tower of `modality`
-    and that modality's preprocessor from it.
+    `model` is a Qwen2.5-Omni checkpoint directory (the whole model as the hub
+    ships it, or a thinker alone). An image stage loads the image processor
+    and the vision tower from it; an audio stage only the feature extractor
+    (the thinker engine runs the audio tower), so `dtype` and `device` do not
+    matter there.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -1,16 +1,20 @@
-"""The omni_encoder runner: media bytes -> embedding rows (runs inside the Triton stub and in tests).
+"""The omni_encoder runner: media bytes -> what the thinker engine takes (Triton stub, tests).
 
 Flow: Triton's dynamic batcher hands the adapter a list of requests, one
 media item each. `EncoderRunner.run` decodes and preprocesses every item on
-its own (a bad one gets its own RequestError), runs the good ones through the
-Qwen2.5-Omni thinker's tower in ONE forward, exactly as the thinker's
-`get_image_features` / `get_audio_features` do, and splits the rows back per
-item. Each item's rows replace its placeholder tokens in the LLM prompt: one
-`<|IMAGE|>` (`<|AUDIO|>`) token per row.
+its own (a bad one gets its own RequestError) with the checkpoint's own
+processors, then:
+- images: the good ones go through the Qwen2.5-Omni vision tower in ONE
+  forward, exactly as the thinker's `get_image_features` does, and the rows
+  are split back per item (one image token of the prompt per row), each with
+  its patch grid;
+- audio: each clip's log-mel features, as Qwen2_5OmniProcessor computes
+  them. The audio tower runs in the thinker engine: vLLM 0.32's Qwen2.5-Omni
+  model takes audio as features only (it has no audio-embeddings input).
 
-Only the tower of the stage's modality (`visual` or `audio_tower`) and that
-modality's preprocessor are loaded from the checkpoint, which may be a
-thinker-only checkpoint or a full Qwen2.5-Omni one (`thinker.`-prefixed).
+Only the stage's part of the checkpoint is loaded (the `visual` tower and the
+image processor, or the feature extractor alone); the checkpoint may be a
+thinker-only one or a full Qwen2.5-Omni one (`thinker.`-prefixed).
 """
 from __future__ import annotations
 
@@ -35,15 +39,23 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 THINKER_MODEL_TYPE = "qwen2_5_omni_thinker"
-TOWERS = {"image": "visual", "audio": "audio_tower"}
 
 
 @dataclass(frozen=True)
 class EncoderOutput:
-    """One media item's rows: one per placeholder token of the LLM prompt."""
+    """One media item, as the thinker engine takes it; `tokens` of the prompt stand for it."""
 
-    embeddings: np.ndarray  # (tokens, hidden) float32
+    tokens: int
+    embeddings: np.ndarray | None = None  # images: (tokens, hidden) float32
     grid_thw: np.ndarray | None = None  # images: int64 (3,) patch grid (t, h, w) before merging
+    features: np.ndarray | None = None  # audio: (mel bins, frames) float32
+
+
+def audio_tokens(frames: int) -> int:
+    """Prompt tokens of `frames` log-mel frames: the Qwen2.5-Omni audio tower's two
+    stride-2 steps (its conv, then its pooling), as `_get_feat_extract_output_lengths`."""
+    after_conv = (frames - 1) // 2 + 1
+    return (after_conv - 2) // 2 + 1
 
 
 # --- checkpoint layout ----------------------------------------------------------------
@@ -101,24 +113,18 @@ def load_thinker_module(model_dir: str | Path, module: str) -> dict[str, torch.T
     return state
 
 
-def _load_tower(cfg: EncoderStageConfig, thinker_config: Any) -> torch.nn.Module:
+def _load_vision_tower(cfg: EncoderStageConfig, thinker_config: Any) -> torch.nn.Module:
     from transformers.initialization import no_init_weights
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
-        Qwen2_5OmniAudioEncoder,
-        Qwen2_5OmniVisionEncoder,
-    )
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
 
-    if cfg.modality == "image":
-        cls, sub_config = Qwen2_5OmniVisionEncoder, thinker_config.vision_config
-    else:
-        cls, sub_config = Qwen2_5OmniAudioEncoder, thinker_config.audio_config
+    cls, sub_config = Qwen2_5OmniVisionEncoder, thinker_config.vision_config
     dtype = TORCH_DTYPES[cfg.dtype]
     with no_init_weights():  # every parameter comes from the checkpoint below
         tower = cls._from_config(sub_config, dtype=dtype)
-    state = load_thinker_module(cfg.model, TOWERS[cfg.modality])
+    state = load_thinker_module(cfg.model, "visual")
     missing, unexpected = tower.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{cfg.model}: the {TOWERS[cfg.modality]} weights do not fit "
+        raise ValueError(f"{cfg.model}: the visual weights do not fit "
                          f"{cls.__name__} (missing {missing[:5]}, unexpected {unexpected[:5]})")
     return tower.to(device=cfg.device, dtype=dtype).eval()
 
@@ -134,7 +140,7 @@ class _Prepared:
 
 
 class EncoderRunner:
-    """Owns one tower of a Qwen2.5-Omni thinker and its preprocessor."""
+    """Owns the vision tower and image processor, or the audio feature extractor."""
 
     def __init__(self, cfg: EncoderStageConfig):
         self.cfg = cfg
@@ -142,24 +148,28 @@ class EncoderRunner:
         torch.set_num_threads(cfg.torch_threads)
         thinker_config = load_thinker_config(cfg.model)
         self.hidden_size = int(thinker_config.text_config.hidden_size)
+        self.tower = None
         if cfg.modality == "image":
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-                Qwen2VLImageProcessorPil,
-            )
+            from transformers import AutoImageProcessor
 
-            self.processor = Qwen2VLImageProcessorPil.from_pretrained(cfg.model)
+            # the checkpoint's own (Qwen2VLImageProcessor on torchvision), as its
+            # Qwen2_5OmniProcessor and vLLM resize: other resizers give other pixels
+            self.processor = AutoImageProcessor.from_pretrained(cfg.model)
             self.merge = int(thinker_config.vision_config.spatial_merge_size)
+            self.tower = _load_vision_tower(cfg, thinker_config)
+            out_dim = thinker_config.vision_config.out_hidden_size
+            if out_dim != self.hidden_size:
+                raise ValueError(f"{cfg.model}: the visual tower emits {out_dim}-wide rows but the "
+                                 f"text model is {self.hidden_size} wide")
         else:
             from transformers import WhisperFeatureExtractor
 
             self.processor = WhisperFeatureExtractor.from_pretrained(cfg.model)
             self._check_audio_processor()
-        self.tower = _load_tower(cfg, thinker_config)
-        out_dim = (thinker_config.vision_config.out_hidden_size if cfg.modality == "image"
-                   else thinker_config.audio_config.output_dim)
-        if out_dim != self.hidden_size:
-            raise ValueError(f"{cfg.model}: the {TOWERS[cfg.modality]} emits {out_dim}-wide rows but the "
-                             f"text model is {self.hidden_size} wide")
+            bins = int(thinker_config.audio_config.num_mel_bins)
+            if self.processor.feature_size != bins:
+                raise ValueError(f"{cfg.model}: the feature extractor makes {self.processor.feature_size} "
+                                 f"mel bins but the audio tower takes {bins}")
 
     def _check_audio_processor(self) -> None:
         fe, cfg = self.processor, self.cfg
@@ -180,6 +190,9 @@ class EncoderRunner:
                 prepared.append(self._prepare(data))
             except Exception as e:  # a bad item answers alone
                 prepared.append(e)
+        if self.modality == "audio":  # features are the output; the thinker runs the tower
+            return [p if isinstance(p, Exception) else EncoderOutput(p.tokens, features=p.features)
+                    for p in prepared]
         good = [p for p in prepared if isinstance(p, _Prepared)]
         outputs = iter(self._forward_isolated(good)) if good else iter(())
         return [p if isinstance(p, Exception) else next(outputs) for p in prepared]
@@ -211,7 +224,7 @@ class EncoderRunner:
                    max_length=len(samples) + fe.n_fft, truncation=False, return_attention_mask=True,
                    return_tensors="np")
         frames = int(batch["attention_mask"][0].sum())
-        tokens = int(self.tower._get_feat_extract_output_lengths(torch.tensor([frames]))[1][0])
+        tokens = audio_tokens(frames)
         if tokens < 1:
             min_ms = 1000 * (2 * fe.hop_length + 1) / fe.sampling_rate
             raise RequestError("media", f"audio is {1000 * len(samples) / fe.sampling_rate:.1f} ms long; "
@@ -232,26 +245,17 @@ class EncoderRunner:
 
     @torch.inference_mode()
     def _forward(self, group: list[_Prepared]) -> list[EncoderOutput]:
-        device = self.cfg.device
-        if self.modality == "image":
-            # Qwen2_5OmniThinkerForConditionalGeneration.get_image_features
-            pixels = torch.from_numpy(np.concatenate([p.features for p in group]))
-            grid = torch.from_numpy(np.stack([p.grid_thw for p in group]))
-            pixels = pixels.to(device=device, dtype=self.tower.dtype)
-            rows = self.tower(pixels, grid_thw=grid.to(device)).pooler_output
-        else:
-            # Qwen2_5OmniThinkerForConditionalGeneration.get_audio_features
-            features = torch.from_numpy(np.concatenate([p.features for p in group], axis=1)).to(device)
-            lengths = torch.tensor([p.features.shape[1] for p in group], dtype=torch.long, device=device)
-            after_cnn, _ = self.tower._get_feat_extract_output_lengths(lengths)
-            rows = self.tower(features, feature_lens=lengths, aftercnn_lens=after_cnn).last_hidden_state
+        # Qwen2_5OmniThinkerForConditionalGeneration.get_image_features
+        pixels = torch.from_numpy(np.concatenate([p.features for p in group]))
+        grid = torch.from_numpy(np.stack([p.grid_thw for p in group]))
+        pixels = pixels.to(device=self.cfg.device, dtype=self.tower.dtype)
+        rows = self.tower(pixels, grid_thw=grid.to(self.cfg.device)).pooler_output
         sizes = [p.tokens for p in group]
         if rows.shape[0] != sum(sizes):
-            raise RuntimeError(f"the tower returned {rows.shape[0]} rows for {sum(sizes)} placeholder tokens")
+            raise RuntimeError(f"the tower returned {rows.shape[0]} rows for {sum(sizes)} image tokens")
         rows = rows.float().cpu().numpy()
         out, start = [], 0
         for p, n in zip(group, sizes, strict=True):
-            out.append(EncoderOutput(np.ascontiguousarray(rows[start:start + n]), p.grid_thw))
+            out.append(EncoderOutput(n, np.ascontiguousarray(rows[start:start + n]), p.grid_thw))
             start += n
         return out
-

@@ -33,10 +33,19 @@ class LLMRequest:
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
     return_token_ids: bool = False
-    # Omni extras: the prompt as token ids, and encoder rows for the
-    # multimodal placeholder tokens of the prompt (tokens x hidden).
+    # Omni extras: the prompt as token ids, and the media of a multimodal prompt.
     prompt_token_ids: list[int] | None = None
-    mm_embeds: np.ndarray | None = None
+    media: Media | None = None
+
+
+@dataclass(frozen=True)
+class Media:
+    """A multimodal prompt's media, as vLLM's Qwen2.5-Omni thinker takes them."""
+
+    image_embeds: np.ndarray | None = None  # float32 (rows, hidden): every image's rows
+    image_grid_thw: np.ndarray | None = None  # int64 (images, 3)
+    audio_features: np.ndarray | None = None  # float32 (mel bins, frames): every clip's
+    audio_feature_lengths: np.ndarray | None = None  # int64 (clips,)
 
 
 @dataclass
@@ -94,9 +103,10 @@ def parse_request(
         raise RequestError(LLM.PROMPT_TOKEN_IDS, f"send either it or {LLM.TEXT_INPUT}, not both")
     if prompt is not None and not prompt:
         raise RequestError(LLM.TEXT_INPUT, "must not be empty")
-    mm_embeds = _mm_embeds(tensors.get(LLM.MM_EMBEDS))
-    if mm_embeds is not None and prompt is None:
-        raise RequestError(LLM.MM_EMBEDS, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
+    media = _media(tensors)
+    if media is not None and prompt is None:
+        field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
+        raise RequestError(field, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
 
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}
@@ -115,7 +125,7 @@ def parse_request(
     )
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=token_ids,
-                      mm_embeds=mm_embeds, **flags)
+                      media=media, **flags)
 
 
 def _token_ids(arr: np.ndarray | None) -> list[int] | None:
@@ -132,21 +142,58 @@ def _token_ids(arr: np.ndarray | None) -> list[int] | None:
     return [int(t) for t in ids]
 
 
-def _mm_embeds(arr: np.ndarray | None) -> np.ndarray | None:
+def _matrix(name: str, arr: np.ndarray | None, what: str) -> np.ndarray | None:
+    """A finite non-empty FP32 matrix (a leading batch dim of 1 is dropped), copied."""
     if arr is None:
         return None
     arr = np.asarray(arr)
     if arr.ndim == 3 and arr.shape[0] == 1:  # a client that sent a batch dim
         arr = arr[0]
-    if arr.ndim != 2 or arr.shape[0] == 0:
-        raise RequestError(LLM.MM_EMBEDS, f"must be a non-empty [tokens, hidden] matrix, "
-                                          f"got shape {list(arr.shape)}")
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise RequestError(name, f"must be a non-empty [{what}] matrix, got shape {list(arr.shape)}")
     if arr.dtype != np.float32:
-        raise RequestError(LLM.MM_EMBEDS, f"must be FP32, got {arr.dtype}")
+        raise RequestError(name, f"must be FP32, got {arr.dtype}")
     if not np.isfinite(arr).all():
-        raise RequestError(LLM.MM_EMBEDS, "must be finite (found NaN or inf)")
+        raise RequestError(name, "must be finite (found NaN or inf)")
     # a copy: the request's tensor may be a view of memory Triton frees after execute()
     return np.array(arr, copy=True)
+
+
+def _counts(name: str, arr: np.ndarray | None, shape: str) -> np.ndarray | None:
+    """Positive integers of the given shape ("n" or "n,3"), as int64."""
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.dtype.kind not in "iu":
+        raise RequestError(name, f"must be integers, got {arr.dtype}")
+    arr = arr.reshape(-1, 3) if shape == "n,3" and arr.size % 3 == 0 else arr.reshape(-1)
+    if arr.size == 0 or (shape == "n,3" and arr.shape[-1] != 3):
+        raise RequestError(name, f"must be a non-empty [{shape}] array, got {arr.size} values")
+    if arr.min() < 1:
+        raise RequestError(name, f"must be >= 1, got {int(arr.min())}")
+    return arr.astype(np.int64)
+
+
+def _paired(values: np.ndarray | None, counts: np.ndarray | None, names: tuple[str, str]) -> None:
+    if (values is None) != (counts is None):
+        have, need = names if values is not None else names[::-1]
+        raise RequestError(need, f"is required with {have}")
+
+
+def _media(tensors: dict[str, np.ndarray | None]) -> Media | None:
+    image = _matrix(LLM.IMAGE_EMBEDS, tensors.get(LLM.IMAGE_EMBEDS), "tokens, hidden")
+    grid = _counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3")
+    _paired(image, grid, (LLM.IMAGE_EMBEDS, LLM.IMAGE_GRID_THW))
+    audio = _matrix(LLM.AUDIO_FEATURES, tensors.get(LLM.AUDIO_FEATURES), "mel bins, frames")
+    lengths = _counts(LLM.AUDIO_FEATURE_LENGTHS, tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n")
+    _paired(audio, lengths, (LLM.AUDIO_FEATURES, LLM.AUDIO_FEATURE_LENGTHS))
+    if audio is not None and int(lengths.sum()) != audio.shape[1]:
+        raise RequestError(LLM.AUDIO_FEATURE_LENGTHS,
+                           f"sum to {int(lengths.sum())} frames but {LLM.AUDIO_FEATURES} has "
+                           f"{audio.shape[1]}")
+    if image is None and audio is None:
+        return None
+    return Media(image, grid, audio, lengths)
 
 
 def _parameters_dict(parameters: str | dict[str, Any] | None) -> dict[str, Any]:

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from omni_serve.contract import LLM, MM_PLACEHOLDER_TOKENS
+from omni_serve.contract import LLM
 from omni_serve.errors import RequestError, StageUnavailableError
 from omni_serve.llm import sampling, warmup
-from omni_serve.llm.embeds import PromptEmbedder
+from omni_serve.llm.media import MediaShapes, multi_modal_data
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ class LLMStage:
         self._stopping = threading.Event()
         self._warming = False
         self.max_model_len: int | None = None
+        self.media_shapes: MediaShapes | None = None  # None: a text-only model
         self.warmup_report = ""  # what the warm-up did and how long it took
 
     # --- lifecycle ---------------------------------------------------------------
@@ -143,10 +144,7 @@ class LLMStage:
             args, stat_loggers=[_stat_logger_factory(
                 lambda: NULL_METRICS if self._warming else self.metrics)])
         self.max_model_len = self.engine.model_config.max_model_len
-        self.embedder = None
-        if self.engine_args.get("enable_prompt_embeds"):
-            self.embedder = PromptEmbedder.from_checkpoint(
-                self.engine.model_config.model, self._placeholder_ids())
+        self.media_shapes = MediaShapes.from_hf_config(self.engine.model_config.hf_config)
         log.info("[%s] engine ready (model=%s, max_model_len=%s)", self.name,
                  self.engine_args.get("model"), self.max_model_len)
 
@@ -165,13 +163,12 @@ class LLMStage:
         self._warming = True
         try:
             salt = 0
-            for b, batch in enumerate(batches):
+            for batch in batches:
                 jobs = []
                 for req in batch:
                     salt += 1
                     ids = warmup.prompt_ids(req.prompt_len, vocab, salt)
-                    as_embeds = self.embedder is not None and b % 2 == 1
-                    jobs.append(self._warm_one(ids, req, f"warmup-{salt}", as_embeds))
+                    jobs.append(self._warm_one(ids, req, f"warmup-{salt}"))
                 await asyncio.gather(*jobs)
             await self.engine.reset_prefix_cache()
         finally:
@@ -183,20 +180,13 @@ class LLMStage:
             f"{max(r.prompt_len for batch in batches for r in batch)} tokens")
         log.info("[%s] %s", self.name, self.warmup_report)
 
-    async def _warm_one(self, ids: list[int], req: warmup.WarmupRequest, request_id: str,
-                        as_embeds: bool) -> None:
+    async def _warm_one(self, ids: list[int], req: warmup.WarmupRequest, request_id: str) -> None:
         from vllm import SamplingParams  # noqa: PLC0415
 
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
                                 temperature=1.0 if req.seeded else 0.0,
                                 seed=len(ids) if req.seeded else None)
-        if as_embeds:
-            import torch  # noqa: PLC0415
-
-            embeds = self.embedder.weight[torch.tensor(ids, dtype=torch.long)].clone()
-            prompt = await self._render_prompt({"prompt_embeds": embeds})
-        else:
-            prompt = await self._render_prompt({"prompt_token_ids": ids})
+        prompt = await self._render_prompt({"prompt_token_ids": ids})
         async for _ in self.engine.generate(prompt, params, request_id):
             pass
 
@@ -217,11 +207,6 @@ class LLMStage:
             self.engine.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-
-    def _placeholder_ids(self) -> set[int]:
-        tokenizer = self.engine.renderer.tokenizer
-        vocab = tokenizer.get_vocab()
-        return {vocab[t] for t in MM_PLACEHOLDER_TOKENS if t in vocab}
 
     # --- requests ----------------------------------------------------------------
     def submit(self, request: LLMRequest, sink: Sink, arrival: float | None = None,
@@ -302,14 +287,10 @@ class LLMStage:
                                    f"token ids must be below the vocabulary size {vocab}, "
                                    f"got {max(req.prompt_token_ids)}")
             return await self._render_prompt({"prompt_token_ids": req.prompt_token_ids})
-        if req.mm_embeds is None:
+        if req.media is None:
             return await self._render_prompt({"prompt": req.prompt})
-        if self.embedder is None:
-            raise RequestError(LLM.MM_EMBEDS, f"stage {self.name} does not take embeddings "
-                                              f"(its engine_args lack enable_prompt_embeds: true)")
-        tokens = await self._render_prompt({"prompt": req.prompt})
-        embeds = self.embedder.embed(list(tokens["prompt_token_ids"]), req.mm_embeds)
-        return await self._render_prompt({"prompt_embeds": embeds})
+        data = multi_modal_data(req.media, req.prompt, self.media_shapes, self.name)
+        return await self._render_prompt({"prompt": req.prompt, "multi_modal_data": data})
 
     async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
         from vllm.exceptions import VLLMClientError  # noqa: PLC0415
@@ -342,13 +323,12 @@ class LLMStage:
         last_at = 0.0
         n_out = 0
         n_in = 0
-        n_in_embeds = len(engine_input.get("prompt_embeds", ())) if isinstance(engine_input, dict) else 0
         async for out in self.engine.generate(engine_input, params, req.request_id):
             now = time.perf_counter()
             if not out.finished and req.request_id in self._aborted:
                 await self.engine.abort(req.request_id)  # it reached the engine after its abort
             comp = out.outputs[0]
-            n_in = len(out.prompt_token_ids or ()) or n_in_embeds
+            n_in = len(out.prompt_token_ids or ())
             new_tokens = len(comp.token_ids)
             if first_at is None and new_tokens:
                 first_at = now

@@ -13,6 +13,11 @@ Mode = Literal["pipelined", "sequential"]
 Transport = Literal["grpc", "bls"]
 
 
+QWEN_OMNI_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+    "perceiving auditory and visual inputs, as well as generating text and speech.")
+
+
 class TalkerCodec(BaseModel):
     """Where the talker's codec tokens live in its vocabulary (from the talker checkpoint)."""
 
@@ -117,7 +122,8 @@ class OrchestratorConfig(BaseModel):
     # The thinker's tokenizer folder (written by omni-gen-repo): task "speech"
     # turns the text to read into the thinker's token ids with it.
     tokenizer: str | None = None
-    system_prompt: str = "You are a helpful assistant that can hear, see and speak."
+    # Qwen2.5-Omni's own (its model card): the talker speaks only with this one
+    system_prompt: str = QWEN_OMNI_SYSTEM_PROMPT
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
     # Speech: the thinker's reply goes to the talker in segments of

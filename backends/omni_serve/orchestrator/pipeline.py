@@ -2,8 +2,8 @@
 
 Flow of one request (pipelined mode):
 
-    media --> image/audio encoders (concurrently) --> rows for the placeholders
-    text + rows --> thinker (streamed) --> text deltas to the client
+    media --> image/audio encoders (concurrently) --> image rows, audio features
+    text + media --> thinker (streamed) --> text deltas to the client
                        |  every few tokens: a segment of reply token ids
                        v
                     talker (streamed, one segment after another) --> codec codes
@@ -174,9 +174,10 @@ def _first(arr: np.ndarray | None, default: Any = None) -> Any:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def media_span(span: tuple[str, str, str], rows: int) -> str:
-    """`<|audio_bos|><|AUDIO|>...<|audio_eos|>` with one placeholder per encoder row."""
-    return span[0] + span[1] * rows + span[2]
+def media_span(span: tuple[str, str, str]) -> str:
+    """`<|audio_bos|><|AUDIO|><|audio_eos|>`: the engine expands the placeholder to the
+    item's tokens."""
+    return "".join(span)
 
 
 def chat_prompt(system: str, user: str, history: Sequence[Turn] = ()) -> str:
@@ -245,14 +246,14 @@ class OmniPipeline:
             await self._read_aloud(req, emit, t)
             emit(Final("stop", t.report()))
             return
-        rows, prompt = await self._encode(req, t)
+        media, prompt = await self._encode(req, t)
         speech = "audio" in req.modalities
         sequential = self.cfg.mode == "sequential"
         segments: asyncio.Queue | None = asyncio.Queue() if speech else None
         try:
             # one task group: a failing talker or decoder cancels the thinker and back
             async with asyncio.TaskGroup() as tg:
-                think = tg.create_task(self._think(req, prompt, rows, emit, segments, t))
+                think = tg.create_task(self._think(req, prompt, media, emit, segments, t))
                 if speech and not sequential:
                     tg.create_task(self._speak(req, segments, emit, t))
             reply, finish = think.result()
@@ -265,28 +266,36 @@ class OmniPipeline:
         emit(Final(finish, t.report()))
 
     # --- encoders --------------------------------------------------------------------
-    async def _encode(self, req: OmniRequest, t: Timings) -> tuple[np.ndarray | None, str]:
-        jobs = []
-        spans = []
-        for role, data, span in (("audio_encoder", req.audio, AUDIO_SPAN),
-                                 ("image_encoder", req.image, IMAGE_SPAN)):
+    async def _encode(self, req: OmniRequest, t: Timings) -> tuple[dict[str, np.ndarray], str]:
+        """The encoders' outputs as thinker inputs, and the prompt with one placeholder each."""
+        jobs, roles = [], []
+        for role, data, outputs in (
+                ("audio_encoder", req.audio, [ENCODER.FEATURES]),
+                ("image_encoder", req.image, [ENCODER.EMBEDDINGS, ENCODER.GRID_THW])):
             if data is not None:
                 jobs.append(self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
-                                        [ENCODER.EMBEDDINGS], t))
-                spans.append(span)
-        results = await asyncio.gather(*jobs)
+                                        outputs, t))
+                roles.append(role)
+        media: dict[str, np.ndarray] = {}
         parts = []
-        rows = []
-        for span, out in zip(spans, results):
-            emb = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
-            emb = emb.reshape(-1, emb.shape[-1])
-            rows.append(emb)
-            parts.append(media_span(span, emb.shape[0]))
+        for role, out in zip(roles, await asyncio.gather(*jobs)):
+            if role == "audio_encoder":
+                features = np.asarray(out[ENCODER.FEATURES], dtype=np.float32)
+                features = features.reshape(features.shape[-2], features.shape[-1])
+                media[LLM.AUDIO_FEATURES] = features
+                media[LLM.AUDIO_FEATURE_LENGTHS] = np.array([features.shape[1]], dtype=np.int64)
+                parts.append(media_span(AUDIO_SPAN))
+            else:
+                rows = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
+                media[LLM.IMAGE_EMBEDS] = rows.reshape(-1, rows.shape[-1])
+                media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
+                                                       dtype=np.int64).reshape(1, 3)
+                parts.append(media_span(IMAGE_SPAN))
         prompt = chat_prompt(self.cfg.system_prompt, "".join(parts) + req.text, req.history)
-        return (np.concatenate(rows) if rows else None), prompt
+        return media, prompt
 
     # --- thinker ---------------------------------------------------------------------
-    async def _think(self, req: OmniRequest, prompt: str, rows: np.ndarray | None,
+    async def _think(self, req: OmniRequest, prompt: str, media: dict[str, np.ndarray],
                      emit: Callable[[Event], None], segments: asyncio.Queue | None,
                      t: Timings) -> tuple[str, str]:
         sampling = {**self.cfg.thinker_sampling, **req.sampling}
@@ -299,8 +308,7 @@ class OmniPipeline:
             LLM.RETURN_NUM_INPUT_TOKENS: np.array([True]),
             LLM.RETURN_NUM_OUTPUT_TOKENS: np.array([True]),
         }
-        if rows is not None:
-            inputs[LLM.MM_EMBEDS] = rows
+        inputs.update(media)
         pending: list[int] = []
         limit = self.cfg.first_segment_tokens
         text: list[str] = []

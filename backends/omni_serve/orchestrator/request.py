@@ -79,6 +79,11 @@ def _modalities(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) 
     wanted: list[str] = []
     for item in items:
         name = item.strip().lower()
+        if name == "audio" and name not in allowed:
+            raise RequestError(OMNI.MODALITIES, f"'audio' needs a talker and an audio_decoder "
+                                                f"stage, which this pipeline has not (a Qwen2.5-Omni "
+                                                f"checkpoint's own talker is not served yet); it "
+                                                f"offers {list(allowed)}")
         if name not in allowed:
             raise RequestError(OMNI.MODALITIES, f"unknown or unavailable modality {item!r}; "
                                                 f"this pipeline offers {list(allowed)}")

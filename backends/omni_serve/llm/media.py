@@ -1,0 +1,87 @@
+"""A multimodal prompt's media -> vLLM's `multi_modal_data` (runs in the omni_llm stub).
+
+The thinker engine is vLLM's own Qwen2.5-Omni model. It expands each
+`<|IMAGE|>` / `<|AUDIO|>` placeholder of the prompt to one token per row and
+gives the tokens the model's M-RoPE positions. Images arrive as the vision
+tower's rows (the image encoder stage ran it) with their patch grids; audio
+arrives as log-mel features, since vLLM 0.32 takes no audio embeddings for
+this model: its audio tower runs inside the engine.
+
+Every shape is checked here against the checkpoint, so a malformed request
+is an INVALID_ARG naming its field, never an error inside the engine (which
+would kill it for every request).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omni_serve.contract import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, LLM
+from omni_serve.errors import RequestError
+from omni_serve.llm.request import Media
+
+
+@dataclass(frozen=True)
+class MediaShapes:
+    """What the checkpoint's towers take and give."""
+
+    hidden_size: int  # rows' width: the text model's hidden size
+    merge: int  # vision spatial_merge_size: rows per image = t * h * w / merge**2
+    mel_bins: int  # the audio tower's input
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> MediaShapes | None:
+        """None for a model without both towers (a text-only LLM)."""
+        thinker = getattr(config, "thinker_config", config)
+        vision = getattr(thinker, "vision_config", None)
+        audio = getattr(thinker, "audio_config", None)
+        if vision is None or audio is None:
+            return None
+        text = getattr(thinker, "text_config", thinker)
+        return cls(int(text.hidden_size), int(vision.spatial_merge_size), int(audio.num_mel_bins))
+
+
+def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
+                     stage: str) -> dict[str, Any]:
+    """vLLM's `multi_modal_data` for `prompt`; RequestError on anything that does not fit."""
+    import torch  # noqa: PLC0415
+
+    if shapes is None:
+        field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
+        raise RequestError(field, f"stage {stage} serves a text-only model")
+    data: dict[str, Any] = {}
+    if media.image_embeds is not None:
+        rows, hidden = media.image_embeds.shape
+        if hidden != shapes.hidden_size:
+            raise RequestError(LLM.IMAGE_EMBEDS, f"rows must be {shapes.hidden_size} wide (the "
+                                                 f"model's hidden size), got {hidden}")
+        grid = media.image_grid_thw
+        want = int((grid.prod(-1) // shapes.merge**2).sum())
+        if rows != want:
+            raise RequestError(LLM.IMAGE_EMBEDS, f"has {rows} rows but {LLM.IMAGE_GRID_THW} "
+                                                 f"{grid.tolist()} makes {want}")
+        _placeholders(prompt, IMAGE_PLACEHOLDER, len(grid), LLM.IMAGE_GRID_THW, "images")
+        data["image"] = {"image_embeds": torch.from_numpy(media.image_embeds),
+                         "image_grid_thw": torch.from_numpy(grid)}
+    if media.audio_features is not None:
+        bins = media.audio_features.shape[0]
+        if bins != shapes.mel_bins:
+            raise RequestError(LLM.AUDIO_FEATURES, f"must have {shapes.mel_bins} mel bins (rows), "
+                                                   f"got {bins}")
+        lengths = media.audio_feature_lengths
+        _placeholders(prompt, AUDIO_PLACEHOLDER, len(lengths), LLM.AUDIO_FEATURE_LENGTHS, "clips")
+        mask = torch.arange(int(lengths.max()))[None, :] < torch.from_numpy(lengths)[:, None]
+        data["audio"] = {"input_audio_features": torch.from_numpy(media.audio_features),
+                         "audio_feature_lengths": torch.from_numpy(lengths),
+                         "feature_attention_mask": mask.long()}
+    for placeholder, kind in ((IMAGE_PLACEHOLDER, "image"), (AUDIO_PLACEHOLDER, "audio")):
+        if kind not in data and placeholder in prompt:
+            raise RequestError(LLM.TEXT_INPUT, f"has {placeholder} but no {kind} was sent")
+    return data
+
+
+def _placeholders(prompt: str, token: str, items: int, field: str, what: str) -> None:
+    found = prompt.count(token)
+    if found != items:
+        raise RequestError(field, f"names {items} {what} but {LLM.TEXT_INPUT} has {found} "
+                                  f"{token} placeholders (one per item)")

@@ -1,0 +1,20 @@
+"""A vLLM general plugin: the model classes this package puts in vLLM's registry.
+
+Loaded by vLLM in every process it starts (pyproject.toml registers `register`
+under `vllm.general_plugins`); the classes are named by import path, so
+nothing is imported until vLLM builds that model in its worker.
+"""
+from __future__ import annotations
+
+# checkpoint architecture -> the class vLLM builds for it
+MODELS = {
+    "Qwen2_5OmniModel": "omni_serve.llm.omni_thinker:OmniThinker",
+    "Qwen2_5OmniForConditionalGeneration": "omni_serve.llm.omni_thinker:OmniThinker",
+}
+
+
+def register() -> None:
+    from vllm import ModelRegistry  # noqa: PLC0415
+
+    for arch, path in MODELS.items():
+        ModelRegistry.register_model(arch, path)

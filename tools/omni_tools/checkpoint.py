@@ -1,0 +1,94 @@
+"""A Qwen2.5-Omni checkpoint folder as the hub ships it, checked and put into a preset.
+
+Runs in the `omni-gen-repo` process (`--model DIR`). What flows through it:
+the folder's config.json, weight index and file names (no tensor is read),
+and the preset's spec data, whose stages that read the preset's checkpoint
+are pointed at the folder.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+OMNI_MODEL_TYPE = "qwen2_5_omni"
+# what each stage role reads of the folder: (tensor prefix, files)
+PARTS = {
+    "thinker": ("thinker.model.", ("tokenizer_config.json",)),
+    "image_encoder": ("thinker.visual.", ("preprocessor_config.json",)),
+    "audio_encoder": ("thinker.audio_tower.", ("preprocessor_config.json",)),
+}
+
+
+def tensor_names(folder: Path) -> set[str]:
+    """Names of the folder's safetensors weights (from the index, or each file's header)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    from safetensors import safe_open  # noqa: PLC0415
+
+    names: set[str] = set()
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def problems(folder: Path, roles: list[str]) -> list[str]:
+    """What keeps `folder` from serving `roles` (thinker, image_encoder, audio_encoder)."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        return [f"{folder}: no config.json (not a checkpoint folder)"]
+    config = json.loads(config_path.read_text())
+    if config.get("model_type") != OMNI_MODEL_TYPE:
+        return [f"{folder}: model_type is {config.get('model_type')!r}; omni-chat serves a "
+                f"Qwen2.5-Omni checkpoint ({OMNI_MODEL_TYPE!r}, e.g. Qwen/Qwen2.5-Omni-7B)"]
+    found = []
+    names = tensor_names(folder)
+    if not names:
+        return [f"{folder}: no safetensors weights"]
+    for role in roles:
+        prefix, files = PARTS[role]
+        if not any(name.startswith(prefix) for name in names):
+            found.append(f"{folder}: no {prefix}* weights, which the {role} stage needs")
+        found.extend(f"{folder}: no {name}, which the {role} stage needs"
+                     for name in files if not (folder / name).is_file())
+    return found
+
+
+def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any], list[str]]:
+    """The preset's spec data with its checkpoint replaced by `folder`, and the problems.
+
+    Stages that read the preset's own checkpoint (the thinker's `model`) read
+    `folder`. Stages that read other parts of the preset's tiny model (the
+    tiny speech path: its look-alike talker and Token2Wav) are left out with
+    their orchestrator roles: a request for audio out then fails clearly
+    ("no talker") until the checkpoint's own talker is served.
+    """
+    stages = data["stages"]
+    orchestrators = [n for n, s in stages.items() if s["backend"] == "omni_orchestrator"]
+    roles = stages[orchestrators[0]]["engine_args"]["stages"] if orchestrators else {}
+    thinker = roles.get("thinker") if roles else next(
+        (n for n, s in stages.items() if s["backend"] == "omni_llm"), None)
+    if isinstance(thinker, list):
+        thinker = thinker[0]
+    if thinker is None:
+        return data, ["the preset has no thinker (omni_llm) stage to point at a checkpoint"]
+    own = stages[thinker]["model"]
+    dropped = [n for n, s in stages.items()
+               if isinstance(s.get("model"), str) and s["model"] != own
+               and s["model"].startswith(own.rstrip("/") + "/")]
+    for name, stage in stages.items():
+        if stage.get("model") == own:
+            stage["model"] = str(folder)
+    for name in dropped:
+        del stages[name]
+    for orch in orchestrators:
+        engine_roles = stages[orch]["engine_args"]["stages"]
+        for role, target in list(engine_roles.items()):
+            if target in dropped:
+                del engine_roles[role]
+        stages[orch]["engine_args"].pop("codec", None)
+    used = [role for role in PARTS
+            if role == "thinker" or roles.get(role) in stages]
+    return data, problems(folder, used)
