@@ -211,6 +211,20 @@ def save_preprocessor_config(out: Path, *, min_pixels: int = TINY_MIN_PIXELS,
     (out / "preprocessor_config.json").write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
 
 
+def _save_thinker_files(out: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """What a thinker folder holds besides its weights: generation config, tokenizer, processor."""
+    from transformers import GenerationConfig
+
+    ids = tm._special_ids(tokenizer)
+    GenerationConfig(
+        bos_token_id=ids["bos_token_id"],
+        eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
+        pad_token_id=ids["pad_token_id"],
+    ).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    save_preprocessor_config(out)
+
+
 def build_omni_thinker(out: Path, *, seed: int = tm.DEFAULT_SEED) -> None:
     """Write a tiny Qwen2_5OmniThinkerForConditionalGeneration checkpoint into `out`.
 
@@ -220,7 +234,7 @@ def build_omni_thinker(out: Path, *, seed: int = tm.DEFAULT_SEED) -> None:
     seed), tokenizer, generation config and preprocessor config.
     """
     import torch
-    from transformers import GenerationConfig, Qwen2_5OmniThinkerForConditionalGeneration
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,14 +244,7 @@ def build_omni_thinker(out: Path, *, seed: int = tm.DEFAULT_SEED) -> None:
     model = Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
     model.save_pretrained(out, safe_serialization=True)
     del model
-    ids = tm._special_ids(tokenizer)
-    GenerationConfig(
-        bos_token_id=ids["bos_token_id"],
-        eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
-        pad_token_id=ids["pad_token_id"],
-    ).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    save_preprocessor_config(out)
+    _save_thinker_files(out, tokenizer)
 
 
 # --------------------------------------------------------------------------
@@ -307,7 +314,6 @@ def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = tm.DEFA
     import torch
     from safetensors.torch import load_file
     from transformers import (
-        GenerationConfig,
         Qwen2_5OmniForConditionalGeneration,
         Qwen2_5OmniThinkerForConditionalGeneration,
         Qwen2_5OmniToken2WavModel,
@@ -334,11 +340,4 @@ def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = tm.DEFA
     torch.save({name: {"cond": voices[f"{name}.cond"], "ref_mel": voices[f"{name}.ref_mel"],
                        "bos_token": vocab + offset} for name, offset in VOICE_BOS.items()},
                out / "spk_dict.pt")
-    ids = tm._special_ids(tokenizer)
-    GenerationConfig(
-        bos_token_id=ids["bos_token_id"],
-        eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
-        pad_token_id=ids["pad_token_id"],
-    ).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    save_preprocessor_config(out)
+    _save_thinker_files(out, tokenizer)
