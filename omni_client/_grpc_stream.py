@@ -20,11 +20,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc._utils import _get_inference_request
 
+from omni_serve.errors import STRICT_STREAM_ERRORS_HEADER
+
 # Request parameter asking Triton to flag the last response, even an output-less one.
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
-# Stream header (Triton >= 24.09): an error response closes the stream with its gRPC code.
-STRICT_ERRORS = (("triton_grpc_error", "true"),)
+# Stream header: an error response closes the stream with its gRPC code (only sent
+# where omni_serve.errors.strict_stream_errors_safe says the server survives it).
+STRICT_ERRORS = ((STRICT_STREAM_ERRORS_HEADER, "true"),)
 
 
 class StreamError(Exception):
@@ -47,10 +50,13 @@ async def stream_request(client: grpcaio.InferenceServerClient, model: str,
                          outputs: Sequence[grpcclient.InferRequestedOutput], *, request_id: str,
                          timeout_s: float | None,
                          parameters: Mapping[str, str | bool | int] | None = None,
+                         strict: bool = False,
                          ) -> AsyncIterator[grpcclient.InferResult]:
     """Yield the responses of one request until (and including) its final one.
 
     `parameters` are the request's own parameters (e.g. omni_llm's abort control).
+    `strict` sends the strict-errors header: an error then carries its gRPC code;
+    without it the error is in-band and StreamError.code is None.
 
     Raises:
         TimeoutError: no response within `timeout_s` (the call is cancelled).
@@ -67,7 +73,7 @@ async def stream_request(client: grpcaio.InferenceServerClient, model: str,
         yield request
         await done.wait()  # the stream stays open until the request is complete
 
-    call = client._client_stub.ModelStreamInfer(requests(), metadata=STRICT_ERRORS)
+    call = client._client_stub.ModelStreamInfer(requests(), metadata=STRICT_ERRORS if strict else None)
     finished = False
     try:
         while True:

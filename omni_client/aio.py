@@ -25,6 +25,7 @@ from omni_client._grpc_stream import StreamError, stream_request
 from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
 from omni_client.media import AudioInput, ImageInput
 from omni_client.types import ChatResult, Event, ImageOutput, SpeechResult
+from omni_serve.errors import strict_stream_errors_safe
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,9 @@ class AsyncOmniClient:
 
     def __init__(self, url: str = "localhost:8001", *, timeout: float | None = 60.0,
                  model: str = "llm", retries: int = 2, retry_backoff_s: float = 0.2,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, strict_stream_errors: bool | None = None) -> None:
         self.url = url
+        self._strict = strict_stream_errors
         self.model = model
         self.timeout = _check_timeout(timeout)
         self.retries = _calls.check_retries(retries)
@@ -202,15 +204,26 @@ class AsyncOmniClient:
         return await self._call(lambda: self._client.infer(
             prepared.model, prepared.inputs, outputs=prepared.outputs, client_timeout=wait_s))
 
+    async def _strict_errors(self) -> bool:
+        """Whether to send the strict-errors header (see OmniClient's strict_stream_errors)."""
+        if self._strict is None:
+            try:
+                metadata = await self._client.get_server_metadata(as_json=True)
+            except InferenceServerException:
+                return False  # asked again on the next stream
+            self._strict = strict_stream_errors_safe(metadata.get("version", ""))
+        return self._strict
+
     async def _results(self, prepared: Prepared, wait_s: float | None,
                        request_id: str | None) -> AsyncIterator[grpcclient.InferResult]:
         if self._closed:
             raise OmniClientError("AsyncOmniClient is closed")
         request_id = request_id or uuid.uuid4().hex
+        strict = await self._strict_errors()
         try:
             async for result in stream_request(self._client, prepared.model, prepared.inputs,
                                                prepared.outputs, request_id=request_id,
-                                               timeout_s=wait_s):
+                                               timeout_s=wait_s, strict=strict):
                 yield result
         except TimeoutError:
             raise RequestTimeoutError(f"no response from model {prepared.model!r} within "

@@ -35,15 +35,16 @@ from omni_client._calls import ModelInfo, Prepared
 from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
 from omni_client.media import AudioInput, ImageInput
 from omni_client.types import ChatResult, Completion, Event, ImageOutput, SpeechResult, TextDelta
+from omni_serve.errors import STRICT_STREAM_ERRORS_HEADER, strict_stream_errors_safe
 
 logger = logging.getLogger(__name__)
 
 ClientFactory = Callable[[str, bool], grpcclient.InferenceServerClient]
 """Makes a tritonclient gRPC client from (url, verbose)."""
 
-# Stream header that makes Triton (>= 24.09) close the stream with the real
-# gRPC status code on an error response, instead of a status-less message.
-_STRICT_ERRORS_HEADERS = {"triton_grpc_error": "true"}
+# Stream header that makes Triton close the stream with the real gRPC status code
+# on an error response, instead of a status-less message.
+_STRICT_ERRORS_HEADERS = {STRICT_STREAM_ERRORS_HEADER: "true"}
 _MAX_IDLE_CLIENTS = 4
 
 
@@ -84,12 +85,13 @@ class OmniClient:
         verbose: let tritonclient print its requests and responses.
         strict_stream_errors: send the `triton_grpc_error` stream header so
             error responses carry their gRPC code (e.g. INVALID_ARGUMENT)
-            instead of a status-less message. On by default: every omni
-            stage sends an error response together with its FINAL flag
-            (omni_serve.tritonio.ResponseSender). Turn it off for other
-            decoupled models: Triton before 2.68 (server PR #8708) segfaults
-            in this mode when a model sends the error and the FINAL flag in
-            two sends (seen with 2.51).
+            instead of a status-less message (whose code the client then
+            reads from the message). None (the default): only to a server
+            that is Triton >= 2.53, asked once; Triton 2.51 can crash in
+            this mode when streams end in errors (server PR #7840), and
+            Triton before 2.68 (server PR #8708) when a model sends the
+            error and the FINAL flag in two sends (omni stages send them
+            together).
         client_factory: makes tritonclient gRPC clients from (url, verbose);
             tests inject fakes here.
         retries: how many times a call that is safe to repeat (model
@@ -108,7 +110,7 @@ class OmniClient:
         timeout: float | None = 60.0,
         model: str = "llm",
         verbose: bool = False,
-        strict_stream_errors: bool = True,
+        strict_stream_errors: bool | None = None,
         client_factory: ClientFactory | None = None,
         retries: int = 2,
         retry_backoff_s: float = 0.2,
@@ -120,7 +122,7 @@ class OmniClient:
         self._configs: dict[str, dict] = {}
         self.timeout = _check_timeout(timeout)
         self._verbose = verbose
-        self._stream_headers = _STRICT_ERRORS_HEADERS if strict_stream_errors else None
+        self._strict = strict_stream_errors
         self._client_factory = client_factory or _default_client_factory
         self._lock = threading.Lock()
         self._idle: list[grpcclient.InferenceServerClient] = []
@@ -471,7 +473,7 @@ class OmniClient:
 
         logger.debug("model=%s request_id=%s sending", prepared.model, request_id)
         try:
-            client.start_stream(callback=on_response, headers=self._stream_headers)
+            client.start_stream(callback=on_response, headers=self._stream_headers(client))
             client.async_stream_infer(
                 prepared.model, prepared.inputs, outputs=prepared.outputs,
                 request_id=request_id, enable_empty_final_response=True)
@@ -481,6 +483,15 @@ class OmniClient:
             # message; the real error is already on the queue.
             cause = _queued_error(responses) or exc
             raise from_triton(cause) from cause
+
+    def _stream_headers(self, client: grpcclient.InferenceServerClient) -> dict | None:
+        if self._strict is None:
+            try:
+                version = client.get_server_metadata(as_json=True).get("version", "")
+            except InferenceServerException:
+                return None  # asked again on the next stream
+            self._strict = strict_stream_errors_safe(version)
+        return _STRICT_ERRORS_HEADERS if self._strict else None
 
     def _next_result(
         self, responses: queue.Queue, wait_s: float | None, request_id: str, model: str

@@ -14,25 +14,24 @@ Where the status comes from:
   built by tritonclient as `InferenceServerException(msg=error_message)`:
   status is None and the Triton error code is lost; only the message
   arrives. The stream then stays open;
-- with the `triton_grpc_error: true` stream header (Triton >= 24.09) the
-  server instead closes the stream with the real gRPC code, which arrives as
-  a broken-stream error above (see OmniClient's strict_stream_errors).
+- with the `triton_grpc_error: true` stream header the server instead
+  closes the stream with the real gRPC code, which arrives as a
+  broken-stream error above (see OmniClient's strict_stream_errors; only
+  sent to Triton >= 2.53, where it cannot crash the server).
 
-A stage that wants its code to survive the default path can start the
-message with a tag: "[INVALID_ARG] max_tokens must be positive".
-
-For a None status the mapper reads a leading "[CODE] " tag (what
-`str(InferenceServerException)` writes, so errors forwarded by a BLS model
-keep their code) and otherwise recognises a few messages Triton core and the
-vLLM backend are known to use. Anything else is a `ServerError` that keeps
-the message.
+For a None status the code is read from the message by the server's own
+table (`omni_serve.errors.code_of_message`): a leading "[CODE] " tag, an
+omni stage's "field: message" form (a bad request), and the messages Triton
+core, gRPC and the orchestrator use for the other codes. Anything else is a
+`ServerError` that keeps the message.
 """
 from __future__ import annotations
 
 import builtins
-import re
 
 from tritonclient.utils import InferenceServerException
+
+from omni_serve.errors import code_of_message, normalise_code
 
 __all__ = [
     "BadRequestError",
@@ -86,51 +85,18 @@ class ServerError(OmniClientError):
     """Any other failure reported by the server or the transport (INTERNAL, UNKNOWN, ...)."""
 
 
-# gRPC codes (without the "StatusCode." prefix) and Triton core codes.
+# The taxonomy's codes (omni_serve.errors, shared with the server) -> exception classes.
 _BY_CODE: dict[str, type[OmniClientError]] = {
-    "INVALID_ARGUMENT": BadRequestError,
     "INVALID_ARG": BadRequestError,
-    "OUT_OF_RANGE": BadRequestError,
-    "UNIMPLEMENTED": BadRequestError,
-    "UNSUPPORTED": BadRequestError,
     "UNAVAILABLE": UnavailableError,
-    "NOT_FOUND": UnavailableError,
     "CANCELLED": CancelledError,
     "DEADLINE_EXCEEDED": RequestTimeoutError,
 }
 
-_CODE_TAG = re.compile(r"^\s*\[(?:StatusCode\.)?([A-Z_]+)\]\s*")
-
-# Lower-cased message fragments for status-less stream errors, checked in order;
-# each group follows the code Triton core gives the same message.
-_BY_MESSAGE: tuple[tuple[tuple[str, ...], type[OmniClientError]], ...] = (
-    (("cancelled", "canceled"), CancelledError),
-    (("deadline exceeded",), RequestTimeoutError),
-    (("no available versions", "not at ready state", "is not ready", "shutting down",
-      "stopped accepting new", "request timeout expired", "failed to connect",
-      "connection refused"), UnavailableError),
-    (("request for unknown model", "invalid argument", "invalid_arg",
-      "unexpected inference input", "unexpected shape for input", "data-type is",
-      "inputs but got", "expected number of inputs", "does not exist in request",
-      "input byte size mismatch"), BadRequestError),
-)
-
-
-def _normalise(status: str) -> str:
-    return status.strip().upper().removeprefix("STATUSCODE.")
-
 
 def _class_for(status: str | None, message: str) -> type[OmniClientError]:
-    if status:
-        return _BY_CODE.get(_normalise(status), ServerError)
-    tag = _CODE_TAG.match(message)
-    if tag:
-        return _BY_CODE.get(tag.group(1), ServerError)
-    lowered = message.lower()
-    for fragments, cls in _BY_MESSAGE:
-        if any(f in lowered for f in fragments):
-            return cls
-    return ServerError
+    code = normalise_code(status) if status else code_of_message(message)
+    return _BY_CODE.get(code, ServerError)
 
 
 def from_triton(exc: InferenceServerException) -> OmniClientError:

@@ -60,8 +60,7 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes | No
             inputs.append(t(name, np.array([media], object), "BYTES"))
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: q.put((result, error)),
-                        headers={"triton_grpc_error": "true"})
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
     t0 = time.perf_counter()
     first_text = first_audio = None
     audio_s = 0.0

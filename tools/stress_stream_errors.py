@@ -7,12 +7,18 @@ repeat, until N streams in all or the server is gone. Prints one JSON line: the 
 sent, whether the server is still alive, and how many times its log says
 "HandleCancellation called even when the context was not cancelled".
 
+With `--sdk` each thread uses one `omni_client.OmniClient` with its default
+`strict_stream_errors` instead (the header only for Triton >= 2.53) and checks
+that every error is still a BadRequestError.
+
 Measured on the 2-core development machine (Triton 2.51, N=8000, T=4):
     strict (`triton_grpc_error: true`): Signal 11 after ~3700-4100 streams (6 s), twice
     plain (no header): 8000 streams, alive, 0 HandleCancellation lines
+    --sdk: see docs/benchmarks.md
 Upstream: triton-inference-server/server #7368, fixed in 24.12 by PR #7840.
 
     .venv/bin/python tools/stress_stream_errors.py --streams 8000 --threads 4 --strict
+    .venv/bin/python tools/stress_stream_errors.py --streams 8000 --threads 4 --sdk
 """
 from __future__ import annotations
 
@@ -60,11 +66,28 @@ def _streams(url: str, n: int, strict: bool) -> int:
     return n
 
 
+def _sdk_streams(url: str, n: int) -> int:
+    """The same through OmniClient's defaults; every error must still be a bad request."""
+    from omni_client import BadRequestError, OmniClient  # noqa: PLC0415
+
+    with OmniClient(url, timeout=30, model="llm") as client:
+        for i in range(n):
+            try:
+                client.generate("hi", sampling_parameters={"max_tokenz": 3})
+            except BadRequestError:
+                continue
+            except Exception:
+                return i
+            return i  # the bad request was accepted
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, default=8000)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--strict", action="store_true", help="send the triton_grpc_error header")
+    ap.add_argument("--sdk", action="store_true", help="use OmniClient's defaults instead")
     args = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="stress-stream-errors-"))
     gen_repo.generate(spec.load_preset("text-chat"), root / "repo")
@@ -73,10 +96,14 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         per_thread = args.streams // args.threads
         with ThreadPoolExecutor(args.threads) as pool:
-            done = list(pool.map(lambda _: _streams(server.grpc_url, per_thread, args.strict),
-                                 range(args.threads)))
+            def run(_):
+                if args.sdk:
+                    return _sdk_streams(server.grpc_url, per_thread)
+                return _streams(server.grpc_url, per_thread, args.strict)
+
+            done = list(pool.map(run, range(args.threads)))
         alive = server.proc.poll() is None
-        print(json.dumps({"strict": args.strict, "threads": args.threads,
+        print(json.dumps({"strict": args.strict, "sdk": args.sdk, "threads": args.threads,
                           "streams": sum(done), "alive": alive,
                           "seconds": round(time.perf_counter() - t0, 1),
                           "handle_cancellation_lines": log.read_text(errors="replace")

@@ -6,6 +6,8 @@ server fault (INTERNAL). Never `assert` on user input.
 """
 from __future__ import annotations
 
+import re
+
 
 class RequestError(ValueError):
     """A bad request; `field` names the offending input (tensor, parameter or key)."""
@@ -36,3 +38,83 @@ class StageFailedError(RuntimeError):
         self.role = role
         self.model = model
         self.code = code
+
+
+# --- codes on the wire -----------------------------------------------------------------
+#
+# An error response on a Triton gRPC stream reaches the caller as its message only
+# (the code is lost) unless the stream was opened with the `triton_grpc_error: true`
+# header. Triton before 2.53 (NGC 24.12, server PR #7840) can crash with that header
+# when streams end in errors (tools/stress_stream_errors.py: Signal 11 after ~4000
+# such streams on 2.51), so on those releases nothing of this project sends it and
+# the code is read back from the message by `code_of_message`.
+
+STRICT_STREAM_ERRORS_SINCE = (2, 53)
+STRICT_STREAM_ERRORS_HEADER = "triton_grpc_error"
+
+_VERSION = re.compile(r"^\s*(\d+)\.(\d+)")
+_CODE_TAG = re.compile(r"^\s*\[(?:StatusCode\.)?([A-Z_]+)\]\s*")
+# StageFailedError's prefix; what follows is the stage's own message.
+_STAGE_PREFIX = re.compile(r"^stage '[^']*' \(model [^)]*\) failed: ")
+# RequestError's form: a lower-case field name (unlike exception type names of
+# internal errors, "RuntimeError: ..."), a colon and the message.
+_REQUEST_ERROR = re.compile(r"^[a-z_][a-z0-9_.\[\]]*: ")
+# gRPC status names and Triton core codes -> this taxonomy (anything else is INTERNAL).
+_CODES = {"INVALID_ARGUMENT": "INVALID_ARG", "INVALID_ARG": "INVALID_ARG",
+          "OUT_OF_RANGE": "INVALID_ARG", "UNIMPLEMENTED": "INVALID_ARG",
+          "UNSUPPORTED": "INVALID_ARG", "UNAVAILABLE": "UNAVAILABLE", "NOT_FOUND": "UNAVAILABLE",
+          "CANCELLED": "CANCELLED", "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED"}
+# Lower-cased message fragments of status-less errors, checked in order.
+_BY_MESSAGE: tuple[tuple[tuple[str, ...], ErrorCode], ...] = (
+    (("cancelled", "canceled"), "CANCELLED"),
+    (("deadline exceeded",), "DEADLINE_EXCEEDED"),
+    (("no available versions", "not at ready state", "is not ready", "is not serving",
+      "shutting down", "stopped accepting new", "request timeout expired", "failed to connect",
+      "connection refused", "socket closed", "no answer within", "no response for",
+      "unavailable"), "UNAVAILABLE"),
+    (("request for unknown model", "invalid argument", "invalid_arg",
+      "unexpected inference input", "unexpected shape for input", "data-type is",
+      "inputs but got", "expected number of inputs", "does not exist in request",
+      "input byte size mismatch"), "INVALID_ARG"),
+)
+
+
+def normalise_code(status: str) -> str:
+    """INVALID_ARG, UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED or INTERNAL for a gRPC
+    status name ("INVALID_ARGUMENT", "StatusCode.NOT_FOUND") or a Triton core code."""
+    return _CODES.get(status.strip().upper().removeprefix("STATUSCODE."), "INTERNAL")
+
+
+def strict_stream_errors_safe(server_version: str) -> bool:
+    """Whether a Triton of this version ("2.51.0") may be sent the strict-errors header."""
+    m = _VERSION.match(server_version or "")
+    return m is not None and (int(m[1]), int(m[2])) >= STRICT_STREAM_ERRORS_SINCE
+
+
+def code_of_message(message: str) -> str:
+    """The code of a status-less error message: INVALID_ARG, UNAVAILABLE, CANCELLED,
+    DEADLINE_EXCEEDED or INTERNAL.
+
+    Reads a leading "[CODE] " tag (what str(InferenceServerException) writes),
+    looks through StageFailedError's prefix at the stage's own message, takes
+    RequestError's "field: message" form as INVALID_ARG, and otherwise knows the
+    messages Triton core, gRPC and the orchestrator use for the other codes.
+    A stage's model that is unknown to its server is UNAVAILABLE (the stage is
+    not loaded); for a caller naming a model itself it is INVALID_ARG.
+    """
+    tag = _CODE_TAG.match(message)
+    if tag:
+        return normalise_code(tag[1])
+    inner = _STAGE_PREFIX.sub("", message)
+    staged = inner != message
+    while _STAGE_PREFIX.match(inner):
+        inner = _STAGE_PREFIX.sub("", inner)
+    if _REQUEST_ERROR.match(inner):
+        return "INVALID_ARG"
+    lowered = inner.lower()
+    if staged and "unknown model" in lowered:
+        return "UNAVAILABLE"
+    for fragments, code in _BY_MESSAGE:
+        if any(f in lowered for f in fragments):
+            return code
+    return "INTERNAL"

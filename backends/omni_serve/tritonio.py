@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,7 +19,12 @@ from typing import Any
 import numpy as np
 
 from omni_serve.contract import ENV_PARAMETER_PREFIX, StageContract
-from omni_serve.errors import RequestError, StageFailedError, StageUnavailableError
+from omni_serve.errors import (
+    RequestError,
+    StageFailedError,
+    StageUnavailableError,
+    code_of_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -327,11 +331,9 @@ class Metrics:
 # --- BLS: calling other models of this server ------------------------------------------
 
 # Triton 2.51 hands BLS callers every child error as INTERNAL (the code is lost,
-# the message kept). Omni stages word a bad request as "<field>: <message>"
-# (RequestError; fields are lower-case, unlike the exception type names of
-# internal errors), so that form is taken back to INVALID_ARG.
-_REQUEST_ERROR = re.compile(r"^[a-z_][a-z0-9_.\[\]]*: ")
-_UNAVAILABLE = re.compile(r"is not ready|is not serving|not found|unavailable", re.IGNORECASE)
+# the message kept): the code is read back from the message, as on a gRPC stream
+# without the strict-errors header. A stage model the server does not know is
+# not loaded (UNAVAILABLE).
 
 
 def _error_code(error) -> str:
@@ -341,11 +343,10 @@ def _error_code(error) -> str:
         if code is not None and code == getattr(pb_utils.TritonError, name, object()):
             return "UNAVAILABLE" if name == "NOT_FOUND" else name
     message = error.message()
-    if _REQUEST_ERROR.match(message):
-        return "INVALID_ARG"
-    if _UNAVAILABLE.search(message):
+    if "unknown model" in message.lower():
         return "UNAVAILABLE"
-    return "INTERNAL"
+    code = code_of_message(message)
+    return "UNAVAILABLE" if code == "DEADLINE_EXCEEDED" else code
 
 
 class BlsStageClient:

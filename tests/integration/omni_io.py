@@ -13,6 +13,12 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from omni_serve.contract import OMNI
+from omni_serve.errors import (
+    STRICT_STREAM_ERRORS_HEADER,
+    code_of_message,
+    normalise_code,
+    strict_stream_errors_safe,
+)
 
 MODEL = "omni"
 
@@ -71,15 +77,28 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
     return ins
 
 
+def stream_headers(client: grpcclient.InferenceServerClient) -> dict | None:
+    """The strict-errors header (an error closes the stream with its gRPC code) where the
+    server survives it; Triton 2.51 gets none and its errors arrive in-band."""
+    version = client.get_server_metadata(as_json=True)["version"]
+    return {STRICT_STREAM_ERRORS_HEADER: "true"} if strict_stream_errors_safe(version) else None
+
+
+def error_code(error: InferenceServerException) -> str:
+    """INVALID_ARG, UNAVAILABLE, ... of a stream error: its gRPC status when it carries one,
+    else what a client reads from the in-band message."""
+    status = error.status()
+    return normalise_code(status) if status else code_of_message(error.message())
+
+
 class OmniStream:
     """One gRPC stream to the omni model; responses land in a queue."""
 
     def __init__(self, url: str):
         self.client = grpcclient.InferenceServerClient(url)
         self.q: queue.Queue = queue.Queue()
-        # the header makes an error response close the stream with its real gRPC code
         self.client.start_stream(callback=lambda result, error: self.q.put((result, error)),
-                                 headers={"triton_grpc_error": "true"})
+                                 headers=stream_headers(self.client))
 
     def send(self, inputs) -> None:
         self.client.async_stream_infer(MODEL, inputs, enable_empty_final_response=True)

@@ -92,6 +92,8 @@ class FakeTritonClient:
         self.live = True
         self.ready = True
         self.live_error: InferenceServerException | None = None
+        self.version = "2.53.0"
+        self.metadata_calls = 0
 
     def start_stream(self, callback, stream_timeout=None, headers=None,
                      compression_algorithm=None) -> None:
@@ -114,6 +116,10 @@ class FakeTritonClient:
 
     def close(self) -> None:
         self.closed = True
+
+    def get_server_metadata(self, headers=None, as_json=False, client_timeout=None) -> dict:
+        self.metadata_calls += 1
+        return {"name": "triton", "version": self.version, "extensions": []}
 
     def is_server_live(self, headers=None, client_timeout=None) -> bool:
         if self.live_error is not None:
@@ -469,10 +475,34 @@ def test_a_stream_that_broke_before_the_request_was_queued_raises_the_callbacks_
 def test_strict_stream_errors_sends_the_triton_grpc_error_header():
     plain, strict = FakeTritonClient(STREAMED), FakeTritonClient(STREAMED)
     list(omni_client(plain, strict_stream_errors=False)[0].generate_stream("hi"))
-    list(omni_client(strict)[0].generate_stream("hi"))
+    list(omni_client(strict, strict_stream_errors=True)[0].generate_stream("hi"))
 
     assert plain.headers is None
     assert strict.headers == {"triton_grpc_error": "true"}
+
+
+@pytest.mark.parametrize("version,header", [
+    ("2.51.0", None), ("2.52.1", None), ("2.53.0", {"triton_grpc_error": "true"}),
+    ("2.68.0", {"triton_grpc_error": "true"}), ("", None),
+])
+def test_by_default_the_header_goes_only_to_a_triton_that_survives_it(version, header):
+    fake = FakeTritonClient(STREAMED)
+    fake.version = version
+    client, _ = omni_client(fake)
+    list(client.generate_stream("hi"))
+    list(client.generate_stream("again"))
+
+    assert fake.headers == header
+    assert fake.metadata_calls == 1  # asked once per client
+
+
+def test_an_in_band_stream_error_keeps_its_code_from_the_message():
+    fake = FakeTritonClient([(None, InferenceServerException(
+        msg="stage 'thinker' (model llm) failed: sampling_parameters.max_tokenz: unknown"))])
+    fake.version = "2.51.0"
+    client, _ = omni_client(fake)
+    with pytest.raises(BadRequestError, match="max_tokenz"):
+        client.generate("hi")
 
 
 @pytest.mark.parametrize("timeout", [0, -1.0])

@@ -132,7 +132,12 @@ class FakeServer:
         self.closed = False
         self.ready = True  # what is_model_ready answers
         self.ready_asked: list[str] = []
+        self.version = "2.51.0"  # what get_server_metadata answers
+        self.stream_metadata: list = []  # the metadata each stream was opened with
         self._client_stub = self
+
+    async def get_server_metadata(self, headers=None, as_json=False, client_timeout=None):
+        return {"name": "triton", "version": self.version, "extensions": []}
 
     async def is_model_ready(self, model_name, model_version=""):
         self.ready_asked.append(model_name)
@@ -164,6 +169,7 @@ class FakeServer:
         return None
 
     def ModelStreamInfer(self, requests, metadata=None):  # noqa: N802
+        self.stream_metadata.append(metadata)
         return self.stream(requests)
 
     async def close(self):
@@ -439,3 +445,37 @@ def test_an_in_band_stream_error_is_unavailable_only_when_the_model_is_not_there
         asyncio.run(consume())
     assert e.value.code == code
     assert server.ready_asked == (["llm"] if asked else [])
+
+
+@pytest.mark.parametrize("version, metadata", [
+    ("2.51.0", None), ("2.53.0", (("triton_grpc_error", "true"),)),
+])
+def test_stage_streams_carry_the_strict_errors_header_only_where_triton_survives_it(
+        version, metadata):
+    server = FakeServer(stream=_stream_of([_response(True)]))
+    server.version = version
+    client = client_for(server, "none")
+
+    async def consume():
+        for _ in range(2):
+            async for _ in client.stream("llm", {LLM.TEXT_INPUT: np.array([b"x"], np.object_)},
+                                         [LLM.TEXT_OUTPUT], request_id="r", timeout_s=30):
+                pass
+
+    asyncio.run(consume())
+    assert server.stream_metadata == [metadata, metadata]
+
+
+def test_a_bad_request_answered_in_band_keeps_its_code():
+    server = FakeServer(stream=_stream_of(
+        [_response(True, "sampling_parameters.max_tokenz: unknown sampling parameter")]))
+    client = client_for(server, "none")
+
+    async def consume():
+        async for _ in client.stream("llm", {LLM.TEXT_INPUT: np.array([b"x"], np.object_)},
+                                     [LLM.TEXT_OUTPUT], request_id="r", timeout_s=30):
+            pass
+
+    with pytest.raises(StageCallError) as e:
+        asyncio.run(consume())
+    assert e.value.code == "INVALID_ARG"

@@ -3,8 +3,10 @@
 Every stage call is an ordinary Triton gRPC request (tritonclient's asyncio
 client and Triton's service stub), to this server (the default: its gRPC
 endpoint is read from the tritonserver command line) or to another one. No
-Python-backend objects cross threads, and errors keep their gRPC status (the
-`triton_grpc_error` stream header).
+Python-backend objects cross threads. Errors keep their gRPC status: from the
+`triton_grpc_error` stream header on a server that survives it (Triton >=
+2.53, asked once per server), else read back from the in-band message
+(omni_serve.errors.code_of_message).
 
 Calls are stopped without gRPC cancels, because Triton 2.51 can abort the
 server when a cancel races a request's completion (upstream issue #7368): a
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from omni_serve.errors import code_of_message, normalise_code, strict_stream_errors_safe
 from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
 from omni_serve.orchestrator.pipeline import StageCallError
 
@@ -51,9 +54,6 @@ ABORT_GRACE_S = 5.0
 # meanwhile fails at once with UNAVAILABLE.
 RECONNECT_BACKOFF_MAX_MS = 1000
 
-_STATUS = {"INVALID_ARGUMENT": "INVALID_ARG", "UNAVAILABLE": "UNAVAILABLE",
-           "NOT_FOUND": "UNAVAILABLE", "CANCELLED": "CANCELLED",
-           "DEADLINE_EXCEEDED": "UNAVAILABLE"}
 
 
 def local_grpc_url(parent_pid: int | None = None) -> str:
@@ -90,9 +90,15 @@ def grpc_url_from_args(argv: Sequence[str]) -> str:
     return f"{host}:{opts.get('grpc-port', '8001')}"
 
 
+def _call_code(status: str | None, message: str) -> str:
+    """StageCallError code of a failed call: from its gRPC status, else its message."""
+    code = normalise_code(status) if status else code_of_message(message)
+    return "UNAVAILABLE" if code == "DEADLINE_EXCEEDED" else code
+
+
 def _exc_code(e) -> str:
     """StageCallError code of a tritonclient InferenceServerException."""
-    return _STATUS.get((e.status() or "").removeprefix("StatusCode."), "INTERNAL")
+    return _call_code(e.status(), e.message() or "")
 
 
 # --- system shared memory ----------------------------------------------------------
@@ -302,6 +308,7 @@ class GrpcStageClient:
         self.call_timeout_s = call_timeout_s
         self.abort_grace_s = abort_grace_s
         self._stopping: set[asyncio.Task] = set()  # streams being aborted in-band
+        self._strict: bool | None = None  # whether the server takes the strict-errors header
 
     def _connect(self):
         if self._client is None:
@@ -309,6 +316,18 @@ class GrpcStageClient:
 
             self._client = grpcaio.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
+
+    async def _strict_errors(self) -> bool:
+        if self._strict is None:
+            from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+            try:
+                async with asyncio.timeout(5):
+                    metadata = await self._connect().get_server_metadata(as_json=True)
+            except (InferenceServerException, TimeoutError):
+                return False  # asked again on the next stream
+            self._strict = strict_stream_errors_safe(metadata.get("version", ""))
+        return self._strict
 
     @staticmethod
     def _inputs(inputs: dict[str, np.ndarray], region: str | None = None,
@@ -431,10 +450,11 @@ class GrpcStageClient:
         from omni_client._grpc_stream import stream_request  # noqa: PLC0415
 
         try:
+            strict = await self._strict_errors()
             async for result in stream_request(
                     self._connect(), model, infer_inputs,
                     [grpcclient.InferRequestedOutput(o) for o in outputs],
-                    request_id=request_id, timeout_s=timeout_s):
+                    request_id=request_id, timeout_s=timeout_s, strict=strict):
                 responses.put_nowait(("result", result))
             responses.put_nowait(("end", None))
         except Exception as e:  # noqa: BLE001 - handed to the consumer
@@ -448,14 +468,12 @@ class GrpcStageClient:
             return StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s")
         if not isinstance(e, StreamError):
             return StageCallError("INTERNAL", f"{type(e).__name__}: {e}")
-        if e.code is not None:
-            code = _STATUS.get(e.code, "INTERNAL")
-        elif not answered and not await self._model_ready(model):
-            # Triton 2.51 sends "unknown model" (unloaded, not yet loaded) in-band on a
-            # stream, without the NOT_FOUND a unary call gets: the model is not there
+        code = _call_code(e.code, e.message)
+        if (e.code is None and code in ("INVALID_ARG", "INTERNAL") and not answered
+                and not await self._model_ready(model)):
+            # Triton sends "unknown model" (unloaded, not yet loaded) in-band on a stream,
+            # without the NOT_FOUND a unary call gets: the model is not there
             code = "UNAVAILABLE"
-        else:
-            code = "INTERNAL"
         return StageCallError(code, e.message)
 
     def _stop_in_band(self, model: str, request_id: str, reader: asyncio.Future,
@@ -476,7 +494,8 @@ class GrpcStageClient:
             async with asyncio.timeout(self.abort_grace_s):
                 async for _ in stream_request(self._connect(), model, [], [], request_id="",
                                               timeout_s=self.abort_grace_s,
-                                              parameters={LLM.ABORT_PARAMETER: request_id}):
+                                              parameters={LLM.ABORT_PARAMETER: request_id},
+                                              strict=bool(self._strict)):
                     pass
                 await asyncio.shield(reader)
             return
