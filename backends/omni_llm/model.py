@@ -94,6 +94,10 @@ def _response(req: LLMRequest, out: LLMOutput):
         tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.uint32)
     if req.return_token_ids:
         tensors[LLM.TOKEN_IDS] = np.array(out.token_ids, dtype=np.int64)
+    if req.return_hidden_states and out.hidden is not None:
+        width = out.hidden.shape[1] // 2
+        tensors[LLM.INPUT_EMBEDS] = np.ascontiguousarray(out.hidden[:, :width])
+        tensors[LLM.HIDDEN_STATES] = np.ascontiguousarray(out.hidden[:, width:])
     return make_response(tensors)
 
 

@@ -105,16 +105,20 @@ class LLM:
     AUDIO_FEATURES = "audio_features"
     AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
     RETURN_TOKEN_IDS = "return_token_ids"
+    RETURN_HIDDEN_STATES = "return_hidden_states"
 
     TEXT_OUTPUT = "text_output"
     FINISH_REASON = "finish_reason"
     NUM_INPUT_TOKENS = "num_input_tokens"
     NUM_OUTPUT_TOKENS = "num_output_tokens"
     TOKEN_IDS = "token_ids"
+    INPUT_EMBEDS = "input_embeds"
+    HIDDEN_STATES = "hidden_states"
 
     # Boolean request flags that may also arrive as request parameters.
     FLAGS = (STREAM, EXCLUDE_INPUT_IN_OUTPUT, RETURN_FINISH_REASON,
-             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS)
+             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS,
+             RETURN_HIDDEN_STATES)
     # Request parameter of a control request: abort the live request whose
     # Triton request id is its value (BLS callers cannot cancel a child stream
     # in Triton 2.51, so the orchestrator asks the stage directly).
@@ -158,6 +162,10 @@ LLM_CONTRACT = StageContract(
                    doc="with audio_features: each clip's number of frames"),
         TensorSpec(LLM.RETURN_TOKEN_IDS, "TYPE_BOOL", (1,), optional=True,
                    doc="also return the generated token ids (deltas when streaming)"),
+        TensorSpec(LLM.RETURN_HIDDEN_STATES, "TYPE_BOOL", (1,), optional=True,
+                   doc="also return input_embeds and hidden_states: one row per prompt "
+                       "position, then one per generated token fed back (the last token is "
+                       "never fed: prompt + n - 1 rows in all), new rows with each response"),
     ),
     outputs=(
         TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
@@ -165,6 +173,12 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.NUM_INPUT_TOKENS, "TYPE_UINT32", (-1,)),
         TensorSpec(LLM.NUM_OUTPUT_TOKENS, "TYPE_UINT32", (-1,)),
         TensorSpec(LLM.TOKEN_IDS, "TYPE_INT64", (-1,)),
+        TensorSpec(LLM.INPUT_EMBEDS, "TYPE_FP32", (-1, -1),
+                   doc="with return_hidden_states: each row's input embedding (rows x hidden; "
+                       "a media position's row is the media embedding)"),
+        TensorSpec(LLM.HIDDEN_STATES, "TYPE_FP32", (-1, -1),
+                   doc="with return_hidden_states: each row's final hidden state (after the "
+                       "last norm; transformers' hidden_states[-1])"),
     ),
 )
 

@@ -33,6 +33,7 @@ class LLMRequest:
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
     return_token_ids: bool = False
+    return_hidden_states: bool = False
     # Omni extras: the prompt as token ids, and the media of a multimodal prompt.
     prompt_token_ids: list[int] | None = None
     media: Media | None = None
@@ -58,6 +59,8 @@ class LLMOutput:
     num_output_tokens: int
     final: bool
     token_ids: tuple[int, ...] = ()
+    # with return_hidden_states: new rows [input embedding | final hidden state]
+    hidden: np.ndarray | None = None
 
 
 def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
@@ -65,10 +68,12 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
     if len(outputs) == 1:
         return outputs[0]
     last = outputs[-1]
+    rows = [o.hidden for o in outputs if o.hidden is not None]
     return LLMOutput(text="".join(o.text for o in outputs), finish_reason=last.finish_reason,
                      num_input_tokens=last.num_input_tokens,
                      num_output_tokens=last.num_output_tokens, final=last.final,
-                     token_ids=tuple(t for o in outputs for t in o.token_ids))
+                     token_ids=tuple(t for o in outputs for t in o.token_ids),
+                     hidden=np.concatenate(rows) if rows else None)
 
 
 _TRUE = {"true", "1", "yes"}

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError, StageUnavailableError
-from omni_serve.llm import sampling, warmup
+from omni_serve.llm import hidden_states, sampling, warmup
 from omni_serve.llm.media import MediaShapes, multi_modal_data
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
@@ -126,6 +126,9 @@ class LLMStage:
         self.max_model_len: int | None = None
         self.media_shapes: MediaShapes | None = None  # None: a text-only model
         self.warmup_report = ""  # what the warm-up did and how long it took
+        self.hidden_size = 0
+        self._capture_dir: str | None = None  # where the engine writes hidden states
+        self.hidden_states_unavailable = "the engine has not started"  # '' when available
 
     # --- lifecycle ---------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
@@ -139,12 +142,23 @@ class LLMStage:
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
-        args = AsyncEngineArgs(**self.engine_args)
+        engine_args = dict(self.engine_args)
+        own_extension = engine_args.setdefault("worker_extension_cls", hidden_states.EXTENSION)
+        if own_extension == hidden_states.EXTENSION:
+            self._capture_dir = hidden_states.make_directory()  # before the engine core starts
+        args = AsyncEngineArgs(**engine_args)
         self.engine = AsyncLLM.from_engine_args(
             args, stat_loggers=[_stat_logger_factory(
                 lambda: NULL_METRICS if self._warming else self.metrics)])
         self.max_model_len = self.engine.model_config.max_model_len
         self.media_shapes = MediaShapes.from_hf_config(self.engine.model_config.hf_config)
+        self.hidden_size = self.engine.model_config.get_hidden_size()
+        if self._capture_dir is None:
+            self.hidden_states_unavailable = (
+                f"the engine runs its own worker_extension_cls {own_extension!r}")
+        else:
+            reasons = [r for r in await self.engine.collective_rpc(hidden_states.RPC) if r]
+            self.hidden_states_unavailable = "; ".join(reasons)
         log.info("[%s] engine ready (model=%s, max_model_len=%s)", self.name,
                  self.engine_args.get("model"), self.max_model_len)
 
@@ -205,6 +219,8 @@ class LLMStage:
                 pass
         if self.engine is not None:
             self.engine.shutdown()
+        if self._capture_dir is not None:
+            hidden_states.remove_directory(self._capture_dir)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
@@ -295,13 +311,19 @@ class LLMStage:
     async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
         from vllm.exceptions import VLLMClientError  # noqa: PLC0415
 
+        capture = None
         try:
             params = sampling.build(req.sampling, stream=req.stream)
+            if params.extra_args and hidden_states.EXTRA_ARG in params.extra_args:
+                raise RequestError(f"{sampling.FIELD}.extra_args.{hidden_states.EXTRA_ARG}",
+                                   f"is set by the stage; send {LLM.RETURN_HIDDEN_STATES}")
+            if req.return_hidden_states:
+                capture = self._capture(params)
             engine_input = await self._render(req)
             if req.request_id in self._aborted:  # aborted while its prompt was rendered
                 sink.send(_aborted_output())
                 return
-            await self._stream(req, sink, params, engine_input, arrival)
+            await self._stream(req, sink, params, engine_input, arrival, capture)
         except RequestError as e:
             sink.fail(e)
         except (VLLMClientError, ValueError) as e:
@@ -316,9 +338,26 @@ class LLMStage:
         except Exception as e:  # engine failure: that request fails, the stage reports it
             log.exception("[%s] request %s failed", self.name, req.request_id)
             sink.fail(e)
+        finally:
+            if capture is not None:
+                capture.close()
+
+    def _capture(self, params) -> hidden_states.CaptureFile:
+        """A capture file for one request's hidden states, named in its SamplingParams.
+
+        The request skips the prefix cache: a cached position is never computed,
+        so its hidden state would be missing.
+        """
+        if self.hidden_states_unavailable:
+            raise RequestError(LLM.RETURN_HIDDEN_STATES, "this stage cannot return hidden "
+                                                         f"states: {self.hidden_states_unavailable}")
+        capture = hidden_states.CaptureFile(self._capture_dir, self.hidden_size)
+        params.extra_args = {**(params.extra_args or {}), hidden_states.EXTRA_ARG: capture.token}
+        params.skip_reading_prefix_cache = True
+        return capture
 
     async def _stream(self, req: LLMRequest, sink: Sink, params, engine_input,
-                      arrival: float) -> None:
+                      arrival: float, capture: hidden_states.CaptureFile | None = None) -> None:
         first_at: float | None = None
         last_at = 0.0
         n_out = 0
@@ -338,11 +377,17 @@ class LLMStage:
             text = comp.text
             if not req.stream and not req.exclude_input_in_output:
                 text = (out.prompt or req.prompt or "") + text
+            rows = None
+            if capture is not None:
+                aborted = comp.finish_reason == "abort"
+                rows = await capture.read_until(
+                    capture.rows_read if aborted else capture.expected_rows(n_in, n_out))
             if out.finished:  # counted before the final response goes: whoever has it sees them
                 self._count(n_in, n_out, first_at, last_at)
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
                                 num_input_tokens=n_in, num_output_tokens=n_out,
-                                final=out.finished, token_ids=tuple(comp.token_ids)))
+                                final=out.finished, token_ids=tuple(comp.token_ids),
+                                hidden=rows))
 
     def _count(self, n_in: int, n_out: int, first_at: float | None, last_at: float) -> None:
         self.metrics.tokens(n_in, n_out)

@@ -1,0 +1,190 @@
+"""Hidden states out of the LLM core: each position's input embedding and final hidden state.
+
+What Qwen2.5-Omni's talker reads from the thinker (transformers'
+`hidden_states[0]` and `hidden_states[-1]` of `generate(output_hidden_states=True)`):
+one row per prompt position, then one per generated token as it is fed back
+(so a reply of n tokens has prompt + n - 1 rows; the last token is never fed).
+
+Runs in two processes, joined by one file per request in a directory under
+/dev/shm (`OMNI_HIDDEN_STATES_DIR`, made by the stage before the engine starts,
+so the engine core inherits it):
+- vLLM's worker: `HiddenStatesExtension` is the engine's `worker_extension_cls`;
+  `omni_capture_hidden_states()` (called once through `collective_rpc`) wraps
+  the model runner's `_model_forward` (to keep the step's input embeddings and
+  output hidden states) and `execute_model` (to write them out). After each
+  step, every scheduled request whose `SamplingParams.extra_args` names a
+  capture file gets its rows [embedding | hidden] (float32) written at their
+  positions' offsets, before the step's tokens leave the engine. Writing by
+  position makes a recomputed (preempted) request rewrite the same bytes.
+- the omni_llm stage: `CaptureFile` creates the empty file before the request is
+  submitted, reads the rows each output accounts for, and deletes it at the end.
+  The worker only writes files that exist, named by a plain token, in that
+  directory: a request cannot make it write anywhere else.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+log = logging.getLogger("vllm.omni_hidden_states")
+
+ENV_DIR = "OMNI_HIDDEN_STATES_DIR"
+EXTRA_ARG = "omni_hidden_states"  # SamplingParams.extra_args key: the capture file's token
+EXTENSION = "omni_serve.llm.hidden_states.HiddenStatesExtension"
+RPC = "omni_capture_hidden_states"
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ROW = np.dtype(np.float32)
+
+
+# --- the worker side (vLLM's worker process) ---------------------------------------------
+
+class HiddenStatesExtension:
+    """Mixed into vLLM's Worker class by vLLM (`worker_extension_cls`)."""
+
+    def omni_capture_hidden_states(self) -> str:
+        """Install the capture on this worker's model runner (idempotent); '' when done,
+        else why it cannot be."""
+        runner = getattr(self, "model_runner", None)
+        missing = [a for a in ("_model_forward", "execute_model", "input_batch", "requests")
+                   if not hasattr(runner, a)]
+        if missing:
+            return (f"the model runner {type(runner).__name__} has no "
+                    f"{', '.join(missing)} (vLLM's V1 GPU/CPU runner is needed)")
+        directory = os.environ.get(ENV_DIR, "")
+        if not os.path.isdir(directory):
+            return f"{ENV_DIR} is not a directory: {directory!r}"
+        if getattr(runner, "_omni_step_capture", None) is None:
+            runner._omni_step_capture = _StepCapture(runner, directory)
+            log.info("omni: hidden states captured for requests that ask (pid %d)", os.getpid())
+        return ""
+
+
+class _StepCapture:
+    def __init__(self, runner, directory: str):
+        self.runner = runner
+        self.dir = directory
+        self.last: tuple | None = None
+        forward, execute = runner._model_forward, runner.execute_model
+
+        def _model_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            self.last = (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), out)
+            return out
+
+        def execute_model(scheduler_output, *args, **kwargs):
+            self.last = None
+            result = execute(scheduler_output, *args, **kwargs)
+            if self.last is not None:
+                try:
+                    self.write(scheduler_output)
+                except Exception:  # never fail the step: the stage reports missing rows
+                    log.exception("omni: writing hidden states failed")
+            return result
+
+        runner._model_forward = _model_forward
+        runner.execute_model = execute_model
+
+    def _wanted(self, scheduler_output) -> list[tuple[str, int, int, int]]:
+        """(token, first row in the step's batch, rows, first position) per capturing request."""
+        computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        cached = scheduler_output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        wanted, offset = [], 0
+        for req_id in self.runner.input_batch.req_ids:
+            n = scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            state = self.runner.requests.get(req_id)
+            extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
+            token = extra.get(EXTRA_ARG)
+            if isinstance(token, str) and _TOKEN.match(token) and n:
+                wanted.append((token, offset, n, computed[req_id]))
+            offset += n
+        return wanted
+
+    def write(self, scheduler_output) -> None:
+        wanted = self._wanted(scheduler_output)
+        if not wanted:
+            return
+        import torch  # noqa: PLC0415
+
+        input_ids, embeds, hidden = self.last
+        if isinstance(hidden, tuple):  # (hidden, aux hidden states) with EAGLE-3
+            hidden = hidden[0]
+        for token, first, n, position in wanted:
+            rows = slice(first, first + n)
+            e = embeds[rows] if embeds is not None else self.runner.model.embed_input_ids(
+                input_ids[rows])
+            data = torch.cat([e, hidden[rows]], dim=-1).to(torch.float32).cpu().numpy()
+            try:
+                fd = os.open(os.path.join(self.dir, token), os.O_WRONLY)
+            except FileNotFoundError:
+                continue  # its request has ended
+            try:
+                os.pwrite(fd, data.tobytes(), position * data.shape[1] * _ROW.itemsize)
+            finally:
+                os.close(fd)
+
+
+# --- the stage side (the omni_llm stub process) --------------------------------------------
+
+def make_directory() -> str:
+    """A fresh directory for this stage's capture files, named in the environment."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    directory = tempfile.mkdtemp(prefix="omni_hs_", dir=base)
+    os.environ[ENV_DIR] = directory
+    return directory
+
+
+def remove_directory(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class MissingRowsError(RuntimeError):
+    """The engine did not write the rows an output accounts for."""
+
+
+class CaptureFile:
+    """One request's rows [embedding | hidden] (float32, `2 * hidden_size` wide)."""
+
+    def __init__(self, directory: str, hidden_size: int):
+        self.token = secrets.token_hex(12)
+        self.path = os.path.join(directory, self.token)
+        self.width = 2 * hidden_size
+        self.rows_read = 0
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+
+    @staticmethod
+    def expected_rows(prompt_tokens: int, output_tokens: int) -> int:
+        """Rows the engine has computed once `output_tokens` tokens came out."""
+        return prompt_tokens + output_tokens - 1 if output_tokens else 0
+
+    async def read_until(self, rows: int, timeout_s: float = 5.0) -> np.ndarray:
+        """Rows [rows_read, rows) as a (k, width) float32 array; waits for the worker's
+        write to be visible (it precedes the output, so normally no wait at all)."""
+        if rows <= self.rows_read:
+            return np.zeros((0, self.width), np.float32)
+        row_bytes = self.width * _ROW.itemsize
+        deadline = time.monotonic() + timeout_s
+        while os.fstat(self._fd).st_size < rows * row_bytes:
+            if time.monotonic() > deadline:
+                have = os.fstat(self._fd).st_size // row_bytes
+                raise MissingRowsError(f"hidden states of positions {have}..{rows - 1} never "
+                                       f"arrived from the engine")
+            await asyncio.sleep(0.001)
+        raw = os.pread(self._fd, (rows - self.rows_read) * row_bytes, self.rows_read * row_bytes)
+        self.rows_read = rows
+        return np.frombuffer(raw, np.float32).reshape(-1, self.width).copy()
+
+    def close(self) -> None:
+        os.close(self._fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
