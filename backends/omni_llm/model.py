@@ -94,6 +94,9 @@ def _response(req: LLMRequest, out: LLMOutput):
         tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.uint32)
     if req.return_token_ids:
         tensors[LLM.TOKEN_IDS] = np.array(out.token_ids, dtype=np.int64)
+    if out.hidden_span is not None:
+        tensors[LLM.HIDDEN_STATES_FILE] = np.array([out.hidden_file.encode()], dtype=np.object_)
+        tensors[LLM.HIDDEN_STATES_ROWS] = np.array(out.hidden_span, dtype=np.int64)
     if req.return_hidden_states and out.hidden is not None:
         width = out.hidden.shape[1] // 2
         tensors[LLM.INPUT_EMBEDS] = np.ascontiguousarray(out.hidden[:, :width])

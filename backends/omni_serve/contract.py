@@ -106,6 +106,7 @@ class LLM:
     AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
     RETURN_TOKEN_IDS = "return_token_ids"
     RETURN_HIDDEN_STATES = "return_hidden_states"
+    HIDDEN_STATES_IN_SHM = "hidden_states_in_shm"
 
     TEXT_OUTPUT = "text_output"
     FINISH_REASON = "finish_reason"
@@ -114,11 +115,13 @@ class LLM:
     TOKEN_IDS = "token_ids"
     INPUT_EMBEDS = "input_embeds"
     HIDDEN_STATES = "hidden_states"
+    HIDDEN_STATES_FILE = "hidden_states_file"
+    HIDDEN_STATES_ROWS = "hidden_states_rows"
 
     # Boolean request flags that may also arrive as request parameters.
     FLAGS = (STREAM, EXCLUDE_INPUT_IN_OUTPUT, RETURN_FINISH_REASON,
              RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS,
-             RETURN_HIDDEN_STATES)
+             RETURN_HIDDEN_STATES, HIDDEN_STATES_IN_SHM)
     # Request parameter of a control request: abort the live request whose
     # Triton request id is its value (BLS callers cannot cancel a child stream
     # in Triton 2.51, so the orchestrator asks the stage directly).
@@ -166,6 +169,10 @@ LLM_CONTRACT = StageContract(
                    doc="also return input_embeds and hidden_states: one row per prompt "
                        "position, then one per generated token fed back (the last token is "
                        "never fed: prompt + n - 1 rows in all), new rows with each response"),
+        TensorSpec(LLM.HIDDEN_STATES_IN_SHM, "TYPE_BOOL", (1,), optional=True,
+                   doc="with return_hidden_states, for a caller on this host: the rows stay in "
+                       "a /dev/shm file the caller reads and then deletes; responses carry "
+                       "hidden_states_file and hidden_states_rows instead of the tensors"),
     ),
     outputs=(
         TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
@@ -179,6 +186,12 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.HIDDEN_STATES, "TYPE_FP32", (-1, -1),
                    doc="with return_hidden_states: each row's final hidden state (after the "
                        "last norm; transformers' hidden_states[-1])"),
+        TensorSpec(LLM.HIDDEN_STATES_FILE, "TYPE_STRING", (1,),
+                   doc="with hidden_states_in_shm: the file of float32 rows [input embedding | "
+                       "hidden state], row r at byte r * width * 4"),
+        TensorSpec(LLM.HIDDEN_STATES_ROWS, "TYPE_INT64", (3,),
+                   doc="with hidden_states_in_shm: first row, rows this response adds, row "
+                       "width in floats (2 x hidden); the rows are in the file when it arrives"),
     ),
 )
 

@@ -20,6 +20,7 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from omni_serve.contract import LLM
+from omni_serve.llm.hidden_states import read_rows
 from omni_tools.tiny_models import ensure_model
 
 from .omni_io import png
@@ -36,6 +37,7 @@ class Served:
     embeds: list[np.ndarray] = field(default_factory=list)
     hidden: list[np.ndarray] = field(default_factory=list)
     rows_per_response: list[int] = field(default_factory=list)
+    files: set[str] = field(default_factory=set)  # hidden_states_in_shm: the handed-over file
     error: Exception | None = None
 
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
@@ -50,8 +52,10 @@ def _tensor(name: str, arr: np.ndarray, dtype: str) -> grpcclient.InferInput:
 
 def serve(url: str, *, prompt: str | None = None, prompt_ids: list[int] | None = None,
           image_embeds: np.ndarray | None = None, grid_thw: np.ndarray | None = None,
-          stream: bool = True, max_tokens: int = MAX_TOKENS, sampling: dict | None = None) -> Served:
+          stream: bool = True, max_tokens: int = MAX_TOKENS, sampling: dict | None = None,
+          in_shm: bool = False) -> Served:
     ins = [_tensor(LLM.STREAM, np.array([stream]), "BOOL"),
+           _tensor(LLM.HIDDEN_STATES_IN_SHM, np.array([in_shm]), "BOOL"),
            _tensor(LLM.RETURN_HIDDEN_STATES, np.array([True]), "BOOL"),
            _tensor(LLM.RETURN_TOKEN_IDS, np.array([True]), "BOOL"),
            _tensor(LLM.SAMPLING_PARAMETERS, np.array([json.dumps(
@@ -78,7 +82,16 @@ def serve(url: str, *, prompt: str | None = None, prompt_ids: list[int] | None =
             response = result.get_response()
             if result.as_numpy(LLM.TOKEN_IDS) is not None:
                 served.token_ids += result.as_numpy(LLM.TOKEN_IDS).tolist()
-                embeds, hidden = result.as_numpy(LLM.INPUT_EMBEDS), result.as_numpy(LLM.HIDDEN_STATES)
+                if in_shm:  # what a caller on this host does: read the rows from the file
+                    assert result.as_numpy(LLM.HIDDEN_STATES) is None
+                    path = result.as_numpy(LLM.HIDDEN_STATES_FILE)[0].decode()
+                    first, count, width = result.as_numpy(LLM.HIDDEN_STATES_ROWS).tolist()
+                    assert first == sum(served.rows_per_response)
+                    embeds, hidden = read_rows(path, first, count, width)
+                    served.files.add(path)
+                else:
+                    embeds = result.as_numpy(LLM.INPUT_EMBEDS)
+                    hidden = result.as_numpy(LLM.HIDDEN_STATES)
                 assert embeds.shape == hidden.shape
                 served.embeds.append(embeds)
                 served.hidden.append(hidden)
@@ -183,6 +196,16 @@ def test_a_repeated_prompt_still_gets_its_prompt_rows(omni):
     first, second = serve(omni["url"], **send), serve(omni["url"], **send)
     assert_equal_to(first, ref)
     assert_equal_to(second, ref)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_caller_on_this_host_reads_the_rows_from_shared_memory(omni, stream):
+    send, ref = _omni_case(omni, "no copies, please", png(100, 80, seed=4))
+    served = serve(omni["url"], in_shm=True, stream=stream, **send)
+    assert_equal_to(served, ref)
+    [path] = served.files  # one file for the whole request, the caller's now
+    assert Path(path).parent.name.startswith("omni_hs_") and Path(path).exists()
+    Path(path).unlink()
 
 
 def test_the_stage_owns_the_capture_argument(omni):

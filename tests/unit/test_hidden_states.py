@@ -168,3 +168,34 @@ def test_return_hidden_states_is_a_request_flag():
     assert req.return_hidden_states
     assert parse_request("r", {LLM.TEXT_INPUT: np.array([b"hi"], object)},
                          {LLM.RETURN_HIDDEN_STATES: "true"}).return_hidden_states
+
+
+def test_a_handed_over_file_outlives_the_request_until_its_caller_deletes_it(capture_dir):
+    capture = CaptureFile(str(capture_dir), H)
+    rows = np.arange(5 * 2 * H, dtype=np.float32).reshape(5, 2 * H)
+    os.pwrite(os.open(capture.path, os.O_WRONLY), rows.tobytes(), 0)
+    assert asyncio.run(capture.span_until(3)) == (0, 3, 2 * H)
+    assert asyncio.run(capture.span_until(5)) == (3, 2, 2 * H)
+    capture.handed_over = True
+    capture.close()
+    embeds, hidden = hidden_states.read_rows(capture.path, 3, 2, 2 * H)
+    np.testing.assert_array_equal(embeds, rows[3:, :H])
+    np.testing.assert_array_equal(hidden, rows[3:, H:])
+
+
+def test_handed_over_files_left_behind_are_removed_when_a_capture_starts(capture_dir):
+    old, fresh = capture_dir / "left-behind", capture_dir / "being-read"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    past = os.path.getmtime(old) - hidden_states.HANDED_OVER_TTL_S - 1
+    os.utime(old, (past, past))
+    CaptureFile(str(capture_dir), H).close()
+    assert sorted(os.listdir(capture_dir)) == ["being-read"]
+
+
+def test_hidden_states_in_shm_needs_return_hidden_states():
+    from omni_serve.errors import RequestError
+
+    with pytest.raises(RequestError, match="hidden_states_in_shm: needs return_hidden_states"):
+        parse_request("r", {LLM.TEXT_INPUT: np.array([b"hi"], object),
+                            LLM.HIDDEN_STATES_IN_SHM: np.array([True])})

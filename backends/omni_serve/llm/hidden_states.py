@@ -18,6 +18,10 @@ so the engine core inherits it):
   position makes a recomputed (preempted) request rewrite the same bytes.
 - the omni_llm stage: `CaptureFile` creates the empty file before the request is
   submitted, reads the rows each output accounts for, and deletes it at the end.
+  With `hidden_states_in_shm` it only waits until they are written and hands the
+  file to the caller (same host), who reads the rows from it and deletes it:
+  no copy of them in any response. A handed-over file left more than
+  `HANDED_OVER_TTL_S` is removed when the next capture starts.
   The worker only writes files that exist, named by a plain token, in that
   directory: a request cannot make it write anywhere else.
 """
@@ -42,6 +46,7 @@ EXTENSION = "omni_serve.llm.hidden_states.HiddenStatesExtension"
 RPC = "omni_capture_hidden_states"
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ROW = np.dtype(np.float32)
+HANDED_OVER_TTL_S = 600.0
 
 
 # --- the worker side (vLLM's worker process) ---------------------------------------------
@@ -154,10 +159,12 @@ class CaptureFile:
     """One request's rows [embedding | hidden] (float32, `2 * hidden_size` wide)."""
 
     def __init__(self, directory: str, hidden_size: int):
+        _remove_stale(directory)
         self.token = secrets.token_hex(12)
         self.path = os.path.join(directory, self.token)
         self.width = 2 * hidden_size
         self.rows_read = 0
+        self.handed_over = False
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 
     @staticmethod
@@ -165,11 +172,9 @@ class CaptureFile:
         """Rows the engine has computed once `output_tokens` tokens came out."""
         return prompt_tokens + output_tokens - 1 if output_tokens else 0
 
-    async def read_until(self, rows: int, timeout_s: float = 5.0) -> np.ndarray:
-        """Rows [rows_read, rows) as a (k, width) float32 array; waits for the worker's
-        write to be visible (it precedes the output, so normally no wait at all)."""
-        if rows <= self.rows_read:
-            return np.zeros((0, self.width), np.float32)
+    async def wait_for(self, rows: int, timeout_s: float = 5.0) -> None:
+        """Until the file holds `rows` rows (the worker's write precedes the output that
+        accounts for it, so normally no wait at all)."""
         row_bytes = self.width * _ROW.itemsize
         deadline = time.monotonic() + timeout_s
         while os.fstat(self._fd).st_size < rows * row_bytes:
@@ -178,13 +183,54 @@ class CaptureFile:
                 raise MissingRowsError(f"hidden states of positions {have}..{rows - 1} never "
                                        f"arrived from the engine")
             await asyncio.sleep(0.001)
+
+    async def read_until(self, rows: int, timeout_s: float = 5.0) -> np.ndarray:
+        """Rows [rows_read, rows) as a (k, width) float32 array."""
+        if rows <= self.rows_read:
+            return np.zeros((0, self.width), np.float32)
+        await self.wait_for(rows, timeout_s)
+        row_bytes = self.width * _ROW.itemsize
         raw = os.pread(self._fd, (rows - self.rows_read) * row_bytes, self.rows_read * row_bytes)
         self.rows_read = rows
         return np.frombuffer(raw, np.float32).reshape(-1, self.width).copy()
 
+    async def span_until(self, rows: int, timeout_s: float = 5.0) -> tuple[int, int, int]:
+        """(first row, rows added, width) once rows [rows_read, rows) are in the file."""
+        first = self.rows_read
+        if rows > first:
+            await self.wait_for(rows, timeout_s)
+            self.rows_read = rows
+        return first, max(0, rows - first), self.width
+
     def close(self) -> None:
+        """Close it; delete it unless it was handed to the caller."""
         os.close(self._fd)
+        if not self.handed_over:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _remove_stale(directory: str, ttl_s: float = HANDED_OVER_TTL_S) -> None:
+    """Delete handed-over files their caller left behind (it died, or never read them)."""
+    cutoff = time.time() - ttl_s
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return
+    for entry in entries:
         try:
-            os.unlink(self.path)
+            if entry.stat().st_mtime < cutoff:
+                os.unlink(entry.path)
         except FileNotFoundError:
             pass
+
+
+def read_rows(path: str, first: int, count: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(input embeddings, hidden states) of rows [first, first + count) of a handed-over file
+    (the caller's side of hidden_states_in_shm; it deletes the file when done)."""
+    with open(path, "rb") as f:
+        raw = os.pread(f.fileno(), count * width * _ROW.itemsize, first * width * _ROW.itemsize)
+    rows = np.frombuffer(raw, np.float32).reshape(-1, width)
+    return rows[:, : width // 2].copy(), rows[:, width // 2:].copy()

@@ -34,6 +34,7 @@ class LLMRequest:
     return_num_output_tokens: bool = False
     return_token_ids: bool = False
     return_hidden_states: bool = False
+    hidden_states_in_shm: bool = False
     # Omni extras: the prompt as token ids, and the media of a multimodal prompt.
     prompt_token_ids: list[int] | None = None
     media: Media | None = None
@@ -61,6 +62,9 @@ class LLMOutput:
     token_ids: tuple[int, ...] = ()
     # with return_hidden_states: new rows [input embedding | final hidden state]
     hidden: np.ndarray | None = None
+    # with hidden_states_in_shm instead: the file, and (first row, rows added, width)
+    hidden_file: str | None = None
+    hidden_span: tuple[int, int, int] | None = None
 
 
 def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
@@ -69,11 +73,15 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
         return outputs[0]
     last = outputs[-1]
     rows = [o.hidden for o in outputs if o.hidden is not None]
+    spans = [o.hidden_span for o in outputs if o.hidden_span is not None]
     return LLMOutput(text="".join(o.text for o in outputs), finish_reason=last.finish_reason,
                      num_input_tokens=last.num_input_tokens,
                      num_output_tokens=last.num_output_tokens, final=last.final,
                      token_ids=tuple(t for o in outputs for t in o.token_ids),
-                     hidden=np.concatenate(rows) if rows else None)
+                     hidden=np.concatenate(rows) if rows else None,
+                     hidden_file=last.hidden_file,
+                     hidden_span=(spans[0][0], sum(s[1] for s in spans), spans[0][2])
+                     if spans else None)
 
 
 _TRUE = {"true", "1", "yes"}
@@ -124,6 +132,8 @@ def parse_request(
         if value is not None:
             flags[flag] = _as_bool(flag, value)
 
+    if flags.get(LLM.HIDDEN_STATES_IN_SHM) and not flags.get(LLM.RETURN_HIDDEN_STATES):
+        raise RequestError(LLM.HIDDEN_STATES_IN_SHM, f"needs {LLM.RETURN_HIDDEN_STATES}: true")
     from_params = sampling.coerce(params, source="parameters")
     from_tensor = sampling.coerce(
         sampling.parse_json(scalar(tensors, LLM.SAMPLING_PARAMETERS))

@@ -377,17 +377,22 @@ class LLMStage:
             text = comp.text
             if not req.stream and not req.exclude_input_in_output:
                 text = (out.prompt or req.prompt or "") + text
-            rows = None
+            rows = span = None
             if capture is not None:
-                aborted = comp.finish_reason == "abort"
-                rows = await capture.read_until(
-                    capture.rows_read if aborted else capture.expected_rows(n_in, n_out))
+                want = (capture.rows_read if comp.finish_reason == "abort"
+                        else capture.expected_rows(n_in, n_out))
+                if req.hidden_states_in_shm:
+                    span = await capture.span_until(want)
+                    capture.handed_over = True  # the caller reads it and deletes it
+                else:
+                    rows = await capture.read_until(want)
             if out.finished:  # counted before the final response goes: whoever has it sees them
                 self._count(n_in, n_out, first_at, last_at)
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
                                 num_input_tokens=n_in, num_output_tokens=n_out,
                                 final=out.finished, token_ids=tuple(comp.token_ids),
-                                hidden=rows))
+                                hidden=rows, hidden_span=span,
+                                hidden_file=capture.path if span is not None else None))
 
     def _count(self, n_in: int, n_out: int, first_at: float | None, last_at: float) -> None:
         self.metrics.tokens(n_in, n_out)
