@@ -21,11 +21,11 @@ from tritonclient.utils import InferenceServerException
 
 from omni_client import _calls
 from omni_client._calls import ModelInfo, Prepared
-from omni_client._grpc_stream import StreamError, stream_request
 from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
 from omni_client.media import AudioInput, ImageInput
 from omni_client.types import ChatResult, Event, ImageOutput, SpeechResult
 from omni_serve.errors import strict_stream_errors_safe
+from omni_serve.grpc_stream import StreamError, stream_request
 
 logger = logging.getLogger(__name__)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 from multiprocessing import resource_tracker
 from multiprocessing import shared_memory as mpshm
 from pathlib import Path
@@ -382,7 +384,7 @@ def test_a_cancel_that_lands_as_a_response_arrives_is_not_lost():
     Python 3.11's asyncio.wait_for returned the response then and dropped the
     cancel: the orchestrator kept streaming a cancelled thinker to its end.
     """
-    from omni_client._grpc_stream import stream_request
+    from omni_serve.grpc_stream import stream_request
 
     reads: list[asyncio.Future] = []
     cancelled: list[bool] = []
@@ -479,3 +481,11 @@ def test_a_bad_request_answered_in_band_keeps_its_code():
     with pytest.raises(StageCallError) as e:
         asyncio.run(consume())
     assert e.value.code == "INVALID_ARG"
+
+
+def test_the_orchestrator_never_imports_the_client_sdk():
+    code = ("import sys, omni_serve.orchestrator.grpc_client, omni_serve.orchestrator.pipeline, "
+            "omni_serve.grpc_stream, omni_serve.tritonio; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'omni_client'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -447,7 +447,7 @@ class GrpcStageClient:
         """Put ("result", r) for every response, then ("end", None) or ("error", exc)."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
-        from omni_client._grpc_stream import stream_request  # noqa: PLC0415
+        from omni_serve.grpc_stream import stream_request  # noqa: PLC0415
 
         try:
             strict = await self._strict_errors()
@@ -462,7 +462,7 @@ class GrpcStageClient:
 
     async def _stream_error(self, model: str, e: Exception, answered: bool,
                             timeout_s: float) -> StageCallError:
-        from omni_client._grpc_stream import StreamError  # noqa: PLC0415
+        from omni_serve.grpc_stream import StreamError  # noqa: PLC0415
 
         if isinstance(e, TimeoutError):
             return StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s")
@@ -485,8 +485,8 @@ class GrpcStageClient:
         task.add_done_callback(lambda t: (self._stopping.discard(t), self._release(region)))
 
     async def _abort_and_drain(self, model: str, request_id: str, reader: asyncio.Future) -> None:
-        from omni_client._grpc_stream import StreamError, stream_request  # noqa: PLC0415
         from omni_serve.contract import LLM  # noqa: PLC0415
+        from omni_serve.grpc_stream import StreamError, stream_request  # noqa: PLC0415
 
         if reader.done():
             return

@@ -210,7 +210,7 @@ class OmniPipeline:
         model = getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(self.cfg.stage_timeout_s):  # (not wait_for: see _grpc_stream)
+            async with asyncio.timeout(self.cfg.stage_timeout_s):  # not wait_for: see grpc_stream
                 return await self.client.infer(model, inputs, outputs)
         except StageCallError as e:
             raise StageFailedError(role, model, e.message, e.code) from e

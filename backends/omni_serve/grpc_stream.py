@@ -1,7 +1,8 @@
 """One request on one Triton gRPC bi-directional stream, for asyncio callers.
 
-Runs in the caller's event loop: AsyncOmniClient uses it, and so does the
-omni orchestrator to call its stages. The request is written once and the
+Runs in the caller's event loop: the omni orchestrator (in its Triton stub)
+calls its stages with it, and AsyncOmniClient uses it too. It lives here,
+beside the contract, so the backend never imports the client SDK. The request is written once and the
 stream stays open until the response flagged `triton_final_response`
 arrives; leaving early (an error, a timeout, the caller closing the
 generator or its task being cancelled) cancels the gRPC call, which makes
