@@ -23,7 +23,7 @@ from omni_serve.contract import LLM
 from omni_serve.llm.hidden_states import read_rows
 from omni_tools.tiny_models import ensure_model
 
-from .omni_io import png
+from .omni_io import png, tone
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +37,7 @@ class Served:
     embeds: list[np.ndarray] = field(default_factory=list)
     hidden: list[np.ndarray] = field(default_factory=list)
     rows_per_response: list[int] = field(default_factory=list)
+    tokens_per_response: list[int] = field(default_factory=list)
     files: set[str] = field(default_factory=set)  # hidden_states_in_shm: the handed-over file
     error: Exception | None = None
 
@@ -52,6 +53,7 @@ def _tensor(name: str, arr: np.ndarray, dtype: str) -> grpcclient.InferInput:
 
 def serve(url: str, *, prompt: str | None = None, prompt_ids: list[int] | None = None,
           image_embeds: np.ndarray | None = None, grid_thw: np.ndarray | None = None,
+          audio_features: np.ndarray | None = None, audio_lengths: np.ndarray | None = None,
           stream: bool = True, max_tokens: int = MAX_TOKENS, sampling: dict | None = None,
           in_shm: bool = False) -> Served:
     ins = [_tensor(LLM.STREAM, np.array([stream]), "BOOL"),
@@ -68,6 +70,9 @@ def serve(url: str, *, prompt: str | None = None, prompt_ids: list[int] | None =
     if image_embeds is not None:
         ins.append(_tensor(LLM.IMAGE_EMBEDS, image_embeds.astype(np.float32), "FP32"))
         ins.append(_tensor(LLM.IMAGE_GRID_THW, grid_thw.astype(np.int64), "INT64"))
+    if audio_features is not None:
+        ins.append(_tensor(LLM.AUDIO_FEATURES, audio_features.astype(np.float32), "FP32"))
+        ins.append(_tensor(LLM.AUDIO_FEATURE_LENGTHS, audio_lengths.astype(np.int64), "INT64"))
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     served = Served()
@@ -82,6 +87,7 @@ def serve(url: str, *, prompt: str | None = None, prompt_ids: list[int] | None =
             response = result.get_response()
             if result.as_numpy(LLM.TOKEN_IDS) is not None:
                 served.token_ids += result.as_numpy(LLM.TOKEN_IDS).tolist()
+                served.tokens_per_response.append(len(result.as_numpy(LLM.TOKEN_IDS)))
                 if in_shm:  # what a caller on this host does: read the rows from the file
                     assert result.as_numpy(LLM.HIDDEN_STATES) is None
                     path = result.as_numpy(LLM.HIDDEN_STATES_FILE)[0].decode()
@@ -142,17 +148,24 @@ def omni(omni_chat_server):
             "processor": Qwen2_5OmniProcessor.from_pretrained(path)}
 
 
-def _omni_case(omni, text: str, image: bytes | None = None) -> tuple[dict, Reference]:
+def _omni_case(omni, text: str, image: bytes | None = None,
+               audio: np.ndarray | None = None) -> tuple[dict, Reference]:
     """(what to send to llm, transformers' result) for one user turn."""
     from PIL import Image
 
     processor = omni["processor"]
-    parts = [{"type": "image"}] if image is not None else []
+    parts = ([{"type": "audio"}] if audio is not None else []) + (
+        [{"type": "image"}] if image is not None else [])
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     pil = [Image.open(io.BytesIO(image)).convert("RGB")] if image else None
-    inputs = processor(text=prompt, images=pil, return_tensors="pt")
+    inputs = processor(text=prompt, images=pil, audio=[audio] if audio is not None else None,
+                       return_tensors="pt")
     send: dict = {"prompt": prompt}
+    if audio is not None:  # what audio_encoder hands the thinker: the clip's own frames
+        frames = int(inputs["feature_attention_mask"][0].sum())
+        send |= {"audio_features": inputs["input_features"][0, :, :frames].numpy(),
+                 "audio_lengths": np.array([frames])}
     if image is not None:
         with torch.no_grad():
             rows = omni["thinker"].visual(inputs["pixel_values"],
@@ -161,16 +174,25 @@ def _omni_case(omni, text: str, image: bytes | None = None) -> tuple[dict, Refer
     return send, reference_generate(omni["thinker"], **inputs)
 
 
-@pytest.mark.parametrize("case", ["text", "text + image", "text + resized image"])
+CASES = {
+    "text": {},
+    "text + image": {"image": png(100, 80)},
+    "text + resized image": {"image": png(300, 200, seed=2)},
+    "text + audio": {"audio": tone(1.0, freq=330.0)},
+    "text + image + audio": {"image": png(300, 200, seed=2), "audio": tone(1.5, freq=220.0)},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_streamed_hidden_states_equal_transformers(omni, case):
-    image = {"text": None, "text + image": png(100, 80),
-             "text + resized image": png(300, 200, seed=2)}[case]
-    send, ref = _omni_case(omni, "what do you see?", image)
+    send, ref = _omni_case(omni, "what do you see and hear?", **CASES[case])
     served = serve(omni["url"], **send)
     assert_equal_to(served, ref)
-    # streamed: the prompt's rows with the first token, then one row per token
-    assert served.rows_per_response[0] == len(ref.embeds) - len(ref.token_ids) + 1
-    assert all(n == 1 for n in served.rows_per_response[1:])
+    # streamed: each response brings the rows its tokens account for, no later: the
+    # prompt's with the first token, then one per token (a response may carry several)
+    prompt = len(ref.embeds) - len(ref.token_ids) + 1
+    assert np.cumsum(served.rows_per_response).tolist() == [
+        prompt + n - 1 for n in np.cumsum(served.tokens_per_response)]
 
 
 def test_one_response_carries_every_row(omni):
