@@ -24,8 +24,7 @@ from omni_client._calls import ModelInfo, Prepared
 from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
 from omni_client.media import AudioInput, ImageInput
 from omni_client.types import ChatResult, Event, ImageOutput, SpeechResult
-from omni_serve.errors import strict_stream_errors_safe
-from omni_serve.grpc_stream import StreamError, stream_request
+from omni_serve.grpc_stream import StreamError, stream_request, strict_errors_safe
 
 logger = logging.getLogger(__name__)
 
@@ -207,12 +206,8 @@ class AsyncOmniClient:
     async def _strict_errors(self) -> bool:
         """Whether to send the strict-errors header (see OmniClient's strict_stream_errors)."""
         if self._strict is None:
-            try:
-                metadata = await self._client.get_server_metadata(as_json=True)
-            except InferenceServerException:
-                return False  # asked again on the next stream
-            self._strict = strict_stream_errors_safe(metadata.get("version", ""))
-        return self._strict
+            self._strict = await strict_errors_safe(self._client)
+        return bool(self._strict)
 
     async def _results(self, prepared: Prepared, wait_s: float | None,
                        request_id: str | None) -> AsyncIterator[grpcclient.InferResult]:

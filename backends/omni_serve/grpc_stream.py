@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc._utils import _get_inference_request
 
-from omni_serve.errors import STRICT_STREAM_ERRORS_HEADER
+from omni_serve.errors import STRICT_STREAM_ERRORS_HEADER, strict_stream_errors_safe
 
 # Request parameter asking Triton to flag the last response, even an output-less one.
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -29,6 +29,20 @@ FINAL = "triton_final_response"
 # Stream header: an error response closes the stream with its gRPC code (only sent
 # where omni_serve.errors.strict_stream_errors_safe says the server survives it).
 STRICT_ERRORS = ((STRICT_STREAM_ERRORS_HEADER, "true"),)
+
+
+async def strict_errors_safe(client: grpcaio.InferenceServerClient,
+                             timeout_s: float = 5.0) -> bool | None:
+    """Whether `client`'s server survives the strict-errors header (its version, asked);
+    None when it cannot say now (ask again later)."""
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            metadata = await client.get_server_metadata(as_json=True)
+    except (InferenceServerException, TimeoutError):
+        return None
+    return strict_stream_errors_safe(metadata.get("version", ""))
 
 
 class StreamError(Exception):

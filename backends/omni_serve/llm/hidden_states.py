@@ -99,9 +99,6 @@ class _StepCapture:
 
     def _wanted(self, scheduler_output) -> list[tuple[str, int, int, int]]:
         """(token, first row in the step's batch, rows, first position) per capturing request."""
-        computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
-        cached = scheduler_output.scheduled_cached_reqs
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         wanted, offset = [], 0
         for req_id in self.runner.input_batch.req_ids:
             n = scheduler_output.num_scheduled_tokens.get(req_id, 0)
@@ -109,9 +106,14 @@ class _StepCapture:
             extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
             token = extra.get(EXTRA_ARG)
             if isinstance(token, str) and _TOKEN.match(token) and n:
-                wanted.append((token, offset, n, computed[req_id]))
+                wanted.append((token, offset, n, req_id))
             offset += n
-        return wanted
+        if not wanted:  # the common step: nobody asked, nothing more to look up
+            return []
+        computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        cached = scheduler_output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        return [(token, first, n, computed[req_id]) for token, first, n, req_id in wanted]
 
     def write(self, scheduler_output) -> None:
         wanted = self._wanted(scheduler_output)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_serve.errors import code_of_message, normalise_code, strict_stream_errors_safe
+from omni_serve.errors import code_of_message, normalise_code
 from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
 from omni_serve.orchestrator.pipeline import StageCallError
 
@@ -53,7 +53,6 @@ ABORT_GRACE_S = 5.0
 # within this long: gRPC's default reconnect back-off grows to 120 s, and every call
 # meanwhile fails at once with UNAVAILABLE.
 RECONNECT_BACKOFF_MAX_MS = 1000
-
 
 
 def local_grpc_url(parent_pid: int | None = None) -> str:
@@ -319,15 +318,10 @@ class GrpcStageClient:
 
     async def _strict_errors(self) -> bool:
         if self._strict is None:
-            from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+            from omni_serve.grpc_stream import strict_errors_safe  # noqa: PLC0415
 
-            try:
-                async with asyncio.timeout(5):
-                    metadata = await self._connect().get_server_metadata(as_json=True)
-            except (InferenceServerException, TimeoutError):
-                return False  # asked again on the next stream
-            self._strict = strict_stream_errors_safe(metadata.get("version", ""))
-        return self._strict
+            self._strict = await strict_errors_safe(self._connect())
+        return bool(self._strict)
 
     @staticmethod
     def _inputs(inputs: dict[str, np.ndarray], region: str | None = None,
