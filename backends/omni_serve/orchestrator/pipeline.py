@@ -112,12 +112,19 @@ class ImageOut:
 
 
 @dataclass
+class CodecIds:
+    """The talker's codec ids of the reply so far (sent with `return_codec_ids`)."""
+
+    ids: list[int]
+
+
+@dataclass
 class Final:
     finish_reason: str
     metrics: dict[str, Any]
 
 
-Event = TextDelta | AudioChunk | ImageOut | Final
+Event = TextDelta | AudioChunk | ImageOut | CodecIds | Final
 
 
 @dataclass
