@@ -3,9 +3,9 @@
 Thin by design: engine.json -> OrchestratorConfig; each request is parsed,
 then runs as one task of OmniPipeline on the orchestrator's own event loop,
 calling the other stages over BLS. Its events go out through the shared
-ResponseSender (text deltas and audio chunks that pile up are merged into
-one response); a client cancel cancels the task, which aborts every child
-stream. Per-request timings feed Triton's /metrics.
+ResponseSender (text deltas, audio chunks and codec ids that pile up are
+merged into one response); a client cancel cancels the task, which aborts
+every child stream. Per-request timings feed Triton's /metrics.
 """
 from __future__ import annotations
 
@@ -22,7 +22,14 @@ import numpy as np
 from omni_serve.contract import OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.grpc_client import local_grpc_url, remote_endpoints, stage_client
-from omni_serve.orchestrator.pipeline import AudioChunk, Final, ImageOut, OmniPipeline, TextDelta
+from omni_serve.orchestrator.pipeline import (
+    AudioChunk,
+    CodecIds,
+    Final,
+    ImageOut,
+    OmniPipeline,
+    TextDelta,
+)
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.tritonio import (
     BlsStageClient,
@@ -43,10 +50,16 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
 _ROLES = ("thinker", "image_encoder", "audio_encoder", "talker", "audio_decoder", "image_generator")
 
 
-def _response(events: list):
+def response_tensors(events: list) -> tuple[dict[str, np.ndarray], bool]:
+    """The output tensors of one response carrying `events` (in order), and whether it is final.
+
+    Events that piled up are merged: text and codec ids concatenated, audio
+    chunks joined, the last image kept.
+    """
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     audio = [e for e in events if isinstance(e, AudioChunk)]
     images = [e for e in events if isinstance(e, ImageOut)]
+    codec_ids = [i for e in events if isinstance(e, CodecIds) for i in e.ids]
     final = next((e for e in events if isinstance(e, Final)), None)
     tensors: dict[str, np.ndarray] = {}
     if text:
@@ -56,10 +69,17 @@ def _response(events: list):
         tensors[OMNI.SAMPLE_RATE] = np.array([audio[0].sample_rate], dtype=np.int32)
     if images:
         tensors[OMNI.IMAGE_OUTPUT] = np.array([images[-1].png], dtype=np.object_)
+    if codec_ids:
+        tensors[OMNI.CODEC_IDS] = np.array(codec_ids, dtype=np.int64)
     if final is not None:
         tensors[OMNI.FINISH_REASON] = np.array([final.finish_reason.encode()], dtype=np.object_)
         tensors[OMNI.METRICS] = np.array([json.dumps(final.metrics).encode()], dtype=np.object_)
-    return make_response(tensors), final is not None
+    return tensors, final is not None
+
+
+def _response(events: list):
+    tensors, final = response_tensors(events)
+    return make_response(tensors), final
 
 
 class _CancelLatch:

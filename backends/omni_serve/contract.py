@@ -324,11 +324,15 @@ class OMNI:
     TASK = "task"
     SESSION_ID = "session_id"
     HISTORY = "history"
+    TALKER_SAMPLING_PARAMETERS = "talker_sampling_parameters"
+    STREAM_AUDIO = "stream_audio"
+    RETURN_CODEC_IDS = "return_codec_ids"
 
     TEXT_OUTPUT = "text_output"
     AUDIO_CHUNK = "audio_chunk"
     SAMPLE_RATE = "sample_rate"
     IMAGE_OUTPUT = "image"
+    CODEC_IDS = "codec_ids"
     FINISH_REASON = "finish_reason"
     METRICS = "metrics"
 
@@ -365,12 +369,24 @@ OMNI_CONTRACT = StageContract(
         TensorSpec(OMNI.HISTORY, "TYPE_STRING", (1,), optional=True,
                    doc='JSON array of the earlier turns, [{"role": "user"|"assistant", '
                        '"content": "..."}, ...], rendered before text_input in the chat template'),
+        TensorSpec(OMNI.TALKER_SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
+                   doc="JSON object of the talker's sampling: temperature (0 = greedy), top_k, "
+                       "top_p, repetition_penalty, max_tokens; absent keys keep the checkpoint's "
+                       "defaults (the talker's seed is the seed input)"),
+        TensorSpec(OMNI.STREAM_AUDIO, "TYPE_BOOL", (1,), optional=True,
+                   doc="true (default): audio in chunks as it is made; false: the whole "
+                       "utterance decoded at once, sent as one audio_chunk"),
+        TensorSpec(OMNI.RETURN_CODEC_IDS, "TYPE_BOOL", (1,), optional=True,
+                   doc="also return the talker's codec ids (codec_ids); needs audio output"),
     ),
     outputs=(
         TensorSpec(OMNI.TEXT_OUTPUT, "TYPE_STRING", (1,), doc="the new text (a delta)"),
         TensorSpec(OMNI.AUDIO_CHUNK, "TYPE_FP32", (-1,), doc="the next mono PCM chunk"),
         TensorSpec(OMNI.SAMPLE_RATE, "TYPE_INT32", (1,), doc="of audio_chunk"),
         TensorSpec(OMNI.IMAGE_OUTPUT, "TYPE_STRING", (1,), doc="PNG bytes of the generated image"),
+        TensorSpec(OMNI.CODEC_IDS, "TYPE_INT64", (-1,),
+                   doc="with return_codec_ids: the talker's next codec ids (0-based codes, as "
+                       "the audio decoder reads them), in order"),
         TensorSpec(OMNI.FINISH_REASON, "TYPE_STRING", (1,),
                    doc="on the last response: the thinker's finish reason"),
         TensorSpec(OMNI.METRICS, "TYPE_STRING", (1,),

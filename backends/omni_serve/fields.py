@@ -39,6 +39,15 @@ def text(name: str, value: Any) -> str | None:
     raise RequestError(name, f"must be a string, got {type(value).__name__}")
 
 
+def boolean(name: str, value: Any) -> bool | None:
+    """A BOOL element (None when not sent)."""
+    if value is None:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise RequestError(name, f"must be a boolean (true/false), got {value!r}")
+    return bool(value)
+
+
 def integer(name: str, value: Any) -> int | None:
     if value is None:
         return None

@@ -18,6 +18,14 @@ QWEN_OMNI_SYSTEM_PROMPT = (
     "perceiving auditory and visual inputs, as well as generating text and speech.")
 
 
+# OpenAI's voices (what OpenAI apps send as `audio.voice`) onto Qwen2.5-Omni's two
+# speakers, by how they sound: the female-sounding ones to Chelsie, the others to Ethan.
+OPENAI_VOICE_MAP: dict[str, str] = {
+    **dict.fromkeys(("alloy", "coral", "nova", "sage", "shimmer"), "Chelsie"),
+    **dict.fromkeys(("ash", "ballad", "echo", "fable", "onyx", "verse"), "Ethan"),
+}
+
+
 class TalkerCodec(BaseModel):
     """Where the talker's codec tokens live in its vocabulary (from the talker checkpoint)."""
 
@@ -138,8 +146,20 @@ class OrchestratorConfig(BaseModel):
     segment_tokens: int = Field(default=24, ge=1)
     talker_codes_per_token: float = Field(default=4.0, gt=0)
     talker_min_codes: int = Field(default=8, ge=1)
+    # The talker's sampling defaults: Qwen2.5-Omni's (transformers'
+    # Qwen2_5OmniForConditionalGeneration.generate talker_* defaults); a
+    # request's talker_sampling_parameters override them key by key.
     talker_sampling: dict[str, Any] = Field(
-        default_factory=lambda: {"temperature": 0.9, "top_k": 40, "repetition_penalty": 1.05})
+        default_factory=lambda: {"temperature": 0.9, "top_k": 40, "top_p": 0.8,
+                                 "repetition_penalty": 1.05})
+    # Voices: the checkpoint's speaker names (omni-gen-repo reads them from the
+    # audio checkpoint's spk_dict.pt or speakers.json); None: not known here, a
+    # request's speaker goes to the stages as it is. `voice_map` maps other
+    # names onto speakers (matched case-insensitively; speaker names match
+    # exactly and come first): by default OpenAI's voices, so OpenAI apps that
+    # always send one get a voice of this checkpoint.
+    speakers: list[str] | None = None
+    voice_map: dict[str, str] = Field(default_factory=lambda: dict(OPENAI_VOICE_MAP))
     # Pipelined mode: how many reply segments may be with the talker at once
     # (vLLM batches them) and decoder chunks in flight per request (Triton
     # batches them); audio still goes out in order.
@@ -171,7 +191,41 @@ class OrchestratorConfig(BaseModel):
             raise ValueError("codec is required when stages.talker is set")
         if self.remote and self.transport != "grpc":
             raise ValueError("remote stages need transport grpc")
+        self._check_voices()
         return self
+
+    def _check_voices(self) -> None:
+        if self.speakers is not None:
+            if not self.speakers or any(not s or s != s.strip() for s in self.speakers):
+                raise ValueError(f"speakers={self.speakers!r}: give the checkpoint's voice names "
+                                 "(non-empty, no surrounding spaces), or leave it unset")
+            if len(set(self.speakers)) != len(self.speakers):
+                raise ValueError(f"speakers={self.speakers!r}: each name may appear once")
+        seen: dict[str, str] = {}
+        for alias, speaker in self.voice_map.items():
+            if not alias.strip() or not speaker.strip():
+                raise ValueError(f"voice_map: {alias!r} -> {speaker!r}: names must not be empty")
+            if alias.lower() in seen:
+                raise ValueError(f"voice_map: {seen[alias.lower()]!r} and {alias!r} are the same "
+                                 "alias (aliases match case-insensitively); keep one")
+            seen[alias.lower()] = alias
+            if self.speakers is not None and speaker not in self.speakers:
+                raise ValueError(f"voice_map: {alias!r} -> {speaker!r}, which is not a speaker of "
+                                 f"the checkpoint ({', '.join(self.speakers)}); map it to one of "
+                                 "those, or set voice_map to {} to send names as they are")
+
+    def voice(self, name: str) -> str | None:
+        """The speaker `name` stands for: itself if a known speaker, else its voice_map alias.
+
+        None when `name` is neither (with `speakers` unknown: `name` itself).
+        """
+        if self.speakers is not None and name in self.speakers:
+            return name
+        folded = {alias.lower(): speaker for alias, speaker in self.voice_map.items()}
+        mapped = folded.get(name.lower())
+        if mapped is not None:
+            return mapped
+        return name if self.speakers is None else None
 
     def remote_url(self, model: str) -> str | None:
         """Where `model` is served when it is not on this server (env override first)."""

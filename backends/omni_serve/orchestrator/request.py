@@ -14,11 +14,22 @@ import numpy as np
 
 from omni_serve.contract import OMNI
 from omni_serve.errors import RequestError
-from omni_serve.fields import integer, scalar, text
+from omni_serve.fields import boolean, integer, number, scalar, text
 from omni_serve.orchestrator.config import OrchestratorConfig
 
 HISTORY_ROLES = ("user", "assistant")
 MAX_SESSION_ID_CHARS = 256
+
+# talker_sampling_parameters: each key's kind, its allowed range (low, low
+# inclusive, high) and how the range reads in an error. Temperature 0 is greedy;
+# top_k 0 or -1 is no top-k. The talker's seed is the request's `seed` input.
+TALKER_SAMPLING_KEYS: dict[str, tuple[type, float, bool, float, str]] = {
+    "temperature": (float, 0.0, True, 2.0, "a number in [0, 2] (0: greedy)"),
+    "top_k": (int, -1, True, 2**31 - 1, "an integer: 0 or -1 (no top-k), or at least 1"),
+    "top_p": (float, 0.0, False, 1.0, "a number in (0, 1]"),
+    "repetition_penalty": (float, 0.0, False, 2.0, "a number in (0, 2]"),
+    "max_tokens": (int, 1, True, 32768, "an integer in [1, 32768]"),
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,18 @@ class OmniRequest:
     session_id: str | None = None
     # earlier turns, rendered before `text` in the chat template
     history: tuple[Turn, ...] = ()
+    # the talker's sampling fields this request sets (keys of
+    # TALKER_SAMPLING_KEYS), to merge over OrchestratorConfig.talker_sampling
+    talker_sampling: dict[str, Any] = field(default_factory=dict)
+    # audio in chunks as it is made (False: the whole utterance in one chunk)
+    stream_audio: bool = True
+    # also send the talker's codec ids (CodecIds events)
+    return_codec_ids: bool = False
+
+    @property
+    def wants_audio(self) -> bool:
+        """Whether this request produces speech (task "speech", or "audio" in modalities)."""
+        return self.task == "speech" or "audio" in self.modalities
 
 
 def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorConfig,
@@ -146,6 +169,57 @@ def _history(tensors: dict[str, np.ndarray | None]) -> tuple[Turn, ...]:
     return tuple(turns)
 
 
+def _talker_sampling(tensors: dict[str, np.ndarray | None]) -> dict[str, Any]:
+    name = OMNI.TALKER_SAMPLING_PARAMETERS
+    raw = text(name, scalar(tensors, name))
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        fields = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise RequestError(name, f"invalid JSON ({e.msg})") from e
+    if not isinstance(fields, dict):
+        raise RequestError(name, f"must be a JSON object with keys among "
+                                 f"{', '.join(TALKER_SAMPLING_KEYS)}")
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        where = f"{name}.{key}"
+        if key == "seed":
+            raise RequestError(where, f"not taken here: send the request's {OMNI.SEED} input "
+                                      "(it seeds the talker and the audio decoder)")
+        if key not in TALKER_SAMPLING_KEYS:
+            raise RequestError(where, f"unknown key; allowed: {', '.join(TALKER_SAMPLING_KEYS)}")
+        out[key] = _in_range(where, value, *TALKER_SAMPLING_KEYS[key])
+    return out
+
+
+def _in_range(where: str, value: Any, kind: type, low: float, low_inclusive: bool,
+              high: float, allowed: str) -> int | float:
+    try:
+        parsed = integer(where, value) if kind is int else number(where, value)
+    except RequestError:
+        parsed = None
+    if parsed is None:
+        raise RequestError(where, f"must be {allowed}, got {json.dumps(value)}"[:200])
+    above_low = parsed >= low if low_inclusive else parsed > low
+    if not (above_low and parsed <= high):
+        raise RequestError(where, f"must be {allowed}, got {value!r}")
+    return parsed
+
+
+def _speaker(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> str | None:
+    name = text(OMNI.SPEAKER, scalar(tensors, OMNI.SPEAKER))
+    if name is None or not name.strip():  # empty: the audio stage's default voice
+        return None
+    speaker = cfg.voice(name)
+    if speaker is None:
+        aliases = ", ".join(f"{alias} -> {target}" for alias, target in cfg.voice_map.items())
+        raise RequestError(OMNI.SPEAKER, f"unknown voice {name!r}; speakers: "
+                                         f"{', '.join(cfg.speakers or ())}; voice aliases "
+                                         f"(case-insensitive): {aliases or 'none'}")
+    return speaker
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                   cfg: OrchestratorConfig) -> OmniRequest:
     prompt = text(OMNI.TEXT_INPUT, scalar(tensors, OMNI.TEXT_INPUT))
@@ -165,16 +239,27 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
     if history and task != "chat":
         raise RequestError(OMNI.HISTORY, f"is only used by task chat (task {task} reads "
                                          "text_input aloud)")
-    return OmniRequest(
+    stream_audio = boolean(OMNI.STREAM_AUDIO, scalar(tensors, OMNI.STREAM_AUDIO))
+    req = OmniRequest(
         request_id=request_id,
         text=prompt,
         modalities=_modalities(tensors, cfg),
         image=_media(tensors, OMNI.IMAGE, cfg, cfg.stages.image_encoder),
         audio=_media(tensors, OMNI.AUDIO, cfg, cfg.stages.audio_encoder),
         sampling=sampling,
-        speaker=text(OMNI.SPEAKER, scalar(tensors, OMNI.SPEAKER)),
+        speaker=_speaker(tensors, cfg),
         seed=integer(OMNI.SEED, scalar(tensors, OMNI.SEED)),
         task=task,
         session_id=_session_id(tensors),
         history=history,
+        talker_sampling=_talker_sampling(tensors),
+        stream_audio=True if stream_audio is None else stream_audio,
+        return_codec_ids=bool(boolean(OMNI.RETURN_CODEC_IDS,
+                                      scalar(tensors, OMNI.RETURN_CODEC_IDS))),
     )
+    # Talker sampling and stream_audio only shape speech: without it they are
+    # checked, then unused. Codec ids are an output, so asking for them needs speech.
+    if req.return_codec_ids and not req.wants_audio:
+        raise RequestError(OMNI.MODALITIES, f"{OMNI.RETURN_CODEC_IDS} needs speech output: add "
+                                            f"'audio' to {OMNI.MODALITIES} (or use task speech)")
+    return req
