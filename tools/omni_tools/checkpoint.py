@@ -92,3 +92,38 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
     used = [role for role in PARTS
             if role == "thinker" or roles.get(role) in stages]
     return data, problems(folder, used)
+
+
+# The voices of a checkpoint: Qwen2.5-Omni's pickled dict (name -> conditioning),
+# or the audio stage's own index (omni_tools.tiny_token2wav.write_speakers).
+SPEAKER_DICT = "spk_dict.pt"
+SPEAKER_INDEX = "speakers.json"
+
+
+def speakers(folder: Path) -> list[str] | None:
+    """The speaker names of the checkpoint in `folder`; None when it has no voice file.
+
+    Raises:
+        ValueError: a voice file is there but unreadable or not name-keyed.
+    """
+    path = folder / SPEAKER_DICT
+    if path.is_file():
+        import torch  # noqa: PLC0415
+
+        try:
+            voices = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"{path}: cannot be read ({e})") from e
+        if not isinstance(voices, dict) or not all(isinstance(k, str) for k in voices):
+            raise ValueError(f"{path}: expected a dict keyed by speaker name")
+        return list(voices)
+    path = folder / SPEAKER_INDEX
+    if path.is_file():
+        try:
+            names = json.loads(path.read_text(encoding="utf-8")).get("speakers")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{path}: not a JSON object ({e})") from e
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f'{path}: expected a "speakers" list of names')
+        return names
+    return None

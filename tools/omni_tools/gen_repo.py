@@ -200,7 +200,30 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
             raise SpecError(spec.source, [
                 f"stages.{name}.engine_args.codec: required because the talker checkpoint "
                 f"has no readable {codec_file} ({e}); give offset, size, bos and eos"]) from None
+    if talker and "speakers" not in engine:
+        speakers = _checkpoint_speakers(spec, name, engine, models)
+        if speakers is not None:
+            engine["speakers"] = speakers
     return engine
+
+
+def _checkpoint_speakers(spec: PipelineSpec, name: str, engine: dict,
+                         models: dict[str, str]) -> list[str] | None:
+    """The voices the speech stages know: the audio decoder's checkpoint, else the talker's."""
+    roles = engine.get("stages") or {}
+    for role in ("audio_decoder", "talker"):
+        stage = roles.get(role)
+        if not isinstance(stage, str) or stage not in models:
+            continue
+        try:
+            speakers = checkpoint.speakers(Path(models[stage]))
+        except ValueError as e:
+            raise SpecError(spec.source, [
+                f"stages.{name}.engine_args.speakers: {e}; fix the file or list the "
+                "voices here"]) from None
+        if speakers is not None:
+            return speakers
+    return None
 
 
 def _check_stage_config(spec: PipelineSpec, name: str, backend: str, engine: dict) -> None:

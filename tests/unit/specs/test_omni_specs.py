@@ -260,3 +260,59 @@ def test_the_remote_url_can_be_overridden_at_run_time(monkeypatch):
     monkeypatch.setenv("OMNI_SERVER_ENGINE_A_URL", "other:2")
     assert cfg.remote_url("llm") == "other:2"
     assert cfg.remote_url("talker") is None
+
+
+# --- the checkpoint's voices -------------------------------------------------------------
+
+def _engine(tmp_path, models) -> dict:
+    generated = tmp_path / "repo"
+    gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), generated)
+    return json.loads((generated / "omni" / ENGINE_ARGS_FILE).read_text())
+
+
+def _spk_dict(folder: Path, *names: str) -> None:
+    import torch
+
+    torch.save({name: {"cond": torch.zeros(1, 4), "bos_token": i} for i, name in enumerate(names)},
+               folder / "spk_dict.pt")
+
+
+def test_the_orchestrator_knows_the_speakers_of_the_spk_dict(tmp_path, models):
+    _spk_dict(Path(models["t2w"]), "Chelsie", "Ethan")
+    assert _engine(tmp_path, models)["speakers"] == ["Chelsie", "Ethan"]
+
+
+def test_speakers_come_from_the_audio_stage_index_or_else_the_talker(tmp_path, models):
+    (Path(models["t2w"]) / "speakers.json").write_text(json.dumps({"speakers": ["Ethan"],
+                                                                   "default": "Ethan"}))
+    _spk_dict(Path(models["talker"]), "Chelsie", "Ethan")
+    # the decoder's own list first (the default voice map's Chelsie is not there)
+    data = omni_spec(models)
+    data["stages"]["omni"]["engine_args"]["voice_map"] = {"alloy": "Ethan"}
+    generated = tmp_path / "repo"
+    gen_repo.generate(parse_spec(data, base_dir=tmp_path), generated)
+    engine = json.loads((generated / "omni" / ENGINE_ARGS_FILE).read_text())
+    assert engine["speakers"] == ["Ethan"] and engine["voice_map"] == {"alloy": "Ethan"}
+    (Path(models["t2w"]) / "speakers.json").unlink()
+    assert _engine(tmp_path, models)["speakers"] == ["Chelsie", "Ethan"]
+
+
+def test_without_a_voice_file_the_speakers_stay_unknown(tmp_path, models):
+    assert "speakers" not in _engine(tmp_path, models)
+
+
+def test_a_voice_map_onto_speakers_the_checkpoint_lacks_is_a_spec_error(tmp_path, models):
+    _spk_dict(Path(models["t2w"]), "Aria")
+    with pytest.raises(SpecError) as err:
+        _engine(tmp_path, models)
+    assert err.value.problems[0].startswith(
+        "stages.omni.engine_args: voice_map: 'alloy' -> 'Chelsie', which is not a speaker of "
+        "the checkpoint (Aria)")
+
+
+def test_an_unreadable_spk_dict_names_the_file(tmp_path, models):
+    (Path(models["t2w"]) / "spk_dict.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SpecError) as err:
+        _engine(tmp_path, models)
+    assert err.value.problems[0].startswith("stages.omni.engine_args.speakers: ")
+    assert "spk_dict.pt: cannot be read" in err.value.problems[0]
