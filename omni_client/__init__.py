@@ -24,6 +24,7 @@ from omni_client.errors import (
 from omni_client.types import (
     AudioChunk,
     ChatResult,
+    CodecIds,
     Completion,
     Event,
     Final,
@@ -40,6 +41,7 @@ __all__ = [
     "CancelledError",
     "ChatResult",
     "ClientFactory",
+    "CodecIds",
     "Completion",
     "Event",
     "Final",

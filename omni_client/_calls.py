@@ -81,6 +81,8 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
                    speaker: str | None = None, seed: int | None = None, task: str | None = None,
                    session_id: str | None = None,
                    history: Sequence[Mapping[str, str]] | None = None,
+                   talker_sampling: Mapping[str, Any] | None = None,
+                   stream_audio: bool | None = None, return_codec_ids: bool = False,
                    inputs: Mapping[str, Any] | None = None) -> Prepared:
     """The request `stream()` sends to `model` (whose Triton config is `config`).
 
@@ -94,12 +96,16 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
     if kind == "omni":
         tensors = io.omni_inputs(
             text, modalities=modalities, sampling_parameters=sampling, speaker=speaker, seed=seed,
-            task=task, session_id=session_id, history=history, extra=inputs,
+            task=task, session_id=session_id, history=history, talker_sampling=talker_sampling,
+            stream_audio=stream_audio, return_codec_ids=return_codec_ids, extra=inputs,
             image=None if image is None else image_bytes(image),
             audio=None if audio is None else audio_bytes(audio, sample_rate=audio_sample_rate))
-        return Prepared(model, tensors, io.omni_outputs(), unary=False, parse=io.parse_omni)
+        return Prepared(model, tensors, io.omni_outputs(codec_ids=bool(return_codec_ids)),
+                        unary=False, parse=io.parse_omni)
     extras = {"image": image, "audio": audio, "speaker": speaker, "task": task, "inputs": inputs,
-              "session_id": session_id, "history": history}
+              "session_id": session_id, "history": history,
+              "talker_sampling": talker_sampling or None, "stream_audio": stream_audio,
+              "return_codec_ids": return_codec_ids or None}
     if kind == "llm":
         _refuse(model, kind, {**extras, "seed": seed}, modalities, allowed=("text",))
         deltas: list[TextDelta] = []
@@ -149,7 +155,7 @@ def speech_result(result: ChatResult) -> SpeechResult:
     if result.audio is None or result.sample_rate is None:
         raise ServerError("the pipeline finished without sending audio "
                           f"(finish reason {result.finish_reason!r})")
-    return SpeechResult(result.audio, result.sample_rate)
+    return SpeechResult(result.audio, result.sample_rate, codec_ids=result.codec_ids)
 
 
 __all__ = ["ImageOutput", "ModelInfo", "Prepared", "model_info", "prepare_image", "prepare_stream"]

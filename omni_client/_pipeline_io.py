@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from omni_client import _llm_io
 from omni_client.errors import BadRequestError
-from omni_client.types import AudioChunk, Event, Final, ImageOutput, TextDelta, Usage
+from omni_client.types import AudioChunk, CodecIds, Event, Final, ImageOutput, TextDelta, Usage
 from omni_serve.contract import DIT, DIT_CONTRACT, LLM, OMNI, OMNI_CONTRACT, StageContract
 
 ModelKind = Literal["omni", "llm", "image"]
@@ -75,16 +75,22 @@ def omni_inputs(
     task: str | None = None,
     session_id: str | None = None,
     history: Sequence[Mapping[str, str]] | None = None,
+    talker_sampling: Mapping[str, Any] | None = None,
+    stream_audio: bool | None = None,
+    return_codec_ids: bool = False,
     extra: Mapping[str, Any] | None = None,
 ) -> list[grpcclient.InferInput]:
     """Input tensors of one request to an omni orchestrator.
 
-    `extra` adds inputs of the contract by name (e.g. a pipeline's
-    session id), unknown names being a BadRequestError.
+    `talker_sampling` goes out as `talker_sampling_parameters` (JSON; None or
+    empty: the checkpoint's defaults), `stream_audio` only when given, and
+    `return_codec_ids` only when true. `extra` adds inputs of the contract by
+    name (e.g. a pipeline's session id), unknown names being a BadRequestError.
 
     Raises:
-        BadRequestError: `text` is not a str, modalities is a bare string, or
-            the sampling parameters cannot be JSON-encoded.
+        BadRequestError: `text` is not a str, modalities is a bare string,
+            the sampling parameters cannot be JSON-encoded, or
+            stream_audio / return_codec_ids are not booleans.
     """
     if not isinstance(text, str):
         raise BadRequestError(f"text must be a str, got {type(text).__name__}")
@@ -103,6 +109,10 @@ def omni_inputs(
         OMNI.TASK: task,
         OMNI.SESSION_ID: session_id,
         OMNI.HISTORY: None if history is None else _history_json(history),
+        OMNI.TALKER_SAMPLING_PARAMETERS: None if not talker_sampling
+        else _talker_sampling_json(talker_sampling),
+        OMNI.STREAM_AUDIO: _flag("stream_audio", stream_audio),
+        OMNI.RETURN_CODEC_IDS: True if _flag("return_codec_ids", return_codec_ids) else None,
     }
     known = {spec.name for spec in OMNI_CONTRACT.inputs}
     for name, value in (extra or {}).items():
@@ -119,8 +129,26 @@ def _history_json(history: Sequence[Mapping[str, str]]) -> str:
     return json.dumps([dict(turn) for turn in history])
 
 
-def omni_outputs() -> list[grpcclient.InferRequestedOutput]:
-    return [grpcclient.InferRequestedOutput(spec.name) for spec in OMNI_CONTRACT.outputs]
+def _talker_sampling_json(talker_sampling: Mapping[str, Any]) -> str:
+    if not isinstance(talker_sampling, Mapping):
+        raise BadRequestError("talker_sampling must be a dict such as {'temperature': 0.7}, got "
+                              f"{type(talker_sampling).__name__}")
+    try:
+        return json.dumps(dict(talker_sampling), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadRequestError(f"talker_sampling must be JSON-serialisable: {exc}") from exc
+
+
+def _flag(name: str, value: Any) -> bool | None:
+    if value is None or isinstance(value, bool | np.bool_):
+        return None if value is None else bool(value)
+    raise BadRequestError(f"{name} must be True, False or None, got {value!r}")
+
+
+def omni_outputs(*, codec_ids: bool = False) -> list[grpcclient.InferRequestedOutput]:
+    """The outputs to ask for; `codec_ids` only with return_codec_ids (older servers lack it)."""
+    return [grpcclient.InferRequestedOutput(spec.name) for spec in OMNI_CONTRACT.outputs
+            if codec_ids or spec.name != OMNI.CODEC_IDS]
 
 
 def _usage(metrics: Mapping[str, Any]) -> Usage | None:
@@ -131,7 +159,7 @@ def _usage(metrics: Mapping[str, Any]) -> Usage | None:
 
 
 def parse_omni(result: grpcclient.InferResult) -> list[Event]:
-    """The events of one orchestrator response (text, audio, image, final), in that order."""
+    """The events of one orchestrator response (text, audio, image, codec ids, final), in that order."""
     names = {o.name for o in result.get_response().outputs}
     events: list[Event] = []
     if OMNI.TEXT_OUTPUT in names:
@@ -142,6 +170,8 @@ def parse_omni(result: grpcclient.InferResult) -> list[Event]:
         events.append(AudioChunk(samples, rate))
     if OMNI.IMAGE_OUTPUT in names:
         events.append(ImageOutput(bytes(result.as_numpy(OMNI.IMAGE_OUTPUT).reshape(-1)[0])))
+    if OMNI.CODEC_IDS in names:
+        events.append(CodecIds(result.as_numpy(OMNI.CODEC_IDS).reshape(-1).astype(int).tolist()))
     if OMNI.FINISH_REASON in names:
         metrics: dict[str, Any] = {}
         if OMNI.METRICS in names:

@@ -114,6 +114,8 @@ class AsyncOmniClient:
                      speaker: str | None = None, seed: int | None = None, task: str | None = None,
                      session_id: str | None = None,
                      history: Sequence[Mapping[str, str]] | None = None,
+                     talker_sampling: Mapping[str, Any] | None = None,
+                     stream_audio: bool | None = None, return_codec_ids: bool = False,
                      inputs: Mapping[str, Any] | None = None, timeout: float | None = -1.0,
                      request_id: str | None = None) -> AsyncIterator[Event]:
         """Run one request on any entry model, yielding events; see OmniClient.stream.
@@ -131,7 +133,8 @@ class AsyncOmniClient:
             audio_sample_rate=audio_sample_rate, modalities=modalities,
             sampling_parameters=sampling_parameters, max_tokens=max_tokens,
             temperature=temperature, speaker=speaker, seed=seed, task=task,
-            session_id=session_id, history=history, inputs=inputs)
+            session_id=session_id, history=history, talker_sampling=talker_sampling,
+            stream_audio=stream_audio, return_codec_ids=return_codec_ids, inputs=inputs)
         if prepared.unary:
             result = await self._unary(prepared, wait_s)
             for event in prepared.parse(result):
@@ -148,10 +151,14 @@ class AsyncOmniClient:
         return ChatResult.from_events([event async for event in self.stream(text, **kwargs)])
 
     async def speech(self, text: str, *, model: str | None = None, voice: str | None = None,
-                     seed: int | None = None, timeout: float | None = -1.0) -> SpeechResult:
+                     seed: int | None = None, talker_sampling: Mapping[str, Any] | None = None,
+                     stream_audio: bool | None = None, return_codec_ids: bool = False,
+                     timeout: float | None = -1.0) -> SpeechResult:
         """Read `text` aloud; see OmniClient.speech."""
         result = await self.chat(text, model=model or await self._default_model("omni"),
-                                 speaker=voice, seed=seed, task="speech", timeout=timeout)
+                                 speaker=voice, seed=seed, task="speech",
+                                 talker_sampling=talker_sampling, stream_audio=stream_audio,
+                                 return_codec_ids=return_codec_ids, timeout=timeout)
         return _calls.speech_result(result)
 
     async def generate_image(self, prompt: str, *, model: str | None = None, **fields: Any

@@ -279,15 +279,17 @@ class OmniClient:
                temperature: float | None = None, speaker: str | None = None, seed: int | None = None,
                task: str | None = None, session_id: str | None = None,
                history: Sequence[Mapping[str, str]] | None = None,
+               talker_sampling: Mapping[str, Any] | None = None,
+               stream_audio: bool | None = None, return_codec_ids: bool = False,
                inputs: Mapping[str, Any] | None = None,
                timeout: Timeout = _CLIENT_TIMEOUT, request_id: str | None = None) -> Iterator[Event]:
         """Run one request on any entry model, yielding events as they arrive.
 
-        Omni pipelines yield TextDelta, AudioChunk and ImageOutput events in
-        arrival order; LLM stages TextDeltas; DiT stages one ImageOutput
-        (`text` is the prompt). The last event is always a Final with the
-        finish reason and token usage. Breaking out of the loop cancels the
-        request on the server.
+        Omni pipelines yield TextDelta, AudioChunk, ImageOutput (and, with
+        `return_codec_ids`, CodecIds) events in arrival order; LLM stages
+        TextDeltas; DiT stages one ImageOutput (`text` is the prompt). The
+        last event is always a Final with the finish reason and token usage.
+        Breaking out of the loop cancels the request on the server.
 
         Args:
             text: the user's message (or the image prompt).
@@ -303,6 +305,14 @@ class OmniClient:
             session_id: omni pipelines with several thinker engines send a
                 session's requests to the same one (its prefix cache hits).
             history: earlier turns, [{"role": "user"|"assistant", "content": str}].
+            talker_sampling: the talker's sampling (omni pipelines with speech):
+                any of temperature (0: greedy), top_k, top_p,
+                repetition_penalty, max_tokens; unset keys keep the
+                checkpoint's defaults. Its seed is `seed`.
+            stream_audio: False decodes the whole utterance at once and sends
+                it as one AudioChunk (default, None: the server's, streamed).
+            return_codec_ids: also yield the talker's codec ids (CodecIds
+                events; ChatResult.codec_ids); needs audio output.
             inputs: further inputs of the omni contract by name.
             timeout: seconds to wait for each response (None: forever).
             request_id: Triton request id (default: random).
@@ -325,7 +335,8 @@ class OmniClient:
             audio_sample_rate=audio_sample_rate, modalities=modalities,
             sampling_parameters=sampling_parameters, max_tokens=max_tokens,
             temperature=temperature, speaker=speaker, seed=seed, task=task,
-            session_id=session_id, history=history, inputs=inputs)
+            session_id=session_id, history=history, talker_sampling=talker_sampling,
+            stream_audio=stream_audio, return_codec_ids=return_codec_ids, inputs=inputs)
         return self._events(prepared, wait_s, request_id)
 
     def chat(self, text: str, **kwargs: Any) -> ChatResult:
@@ -336,11 +347,16 @@ class OmniClient:
         return ChatResult.from_events(self.stream(text, **kwargs))
 
     def speech(self, text: str, *, model: str | None = None, voice: str | None = None,
-               seed: int | None = None, timeout: Timeout = _CLIENT_TIMEOUT) -> SpeechResult:
+               seed: int | None = None, talker_sampling: Mapping[str, Any] | None = None,
+               stream_audio: bool | None = None, return_codec_ids: bool = False,
+               timeout: Timeout = _CLIENT_TIMEOUT) -> SpeechResult:
         """Read `text` aloud with an omni pipeline's talker and audio decoder.
 
         Args:
-            voice: a speaker of the pipeline's audio stage (default: its own).
+            voice: a speaker of the pipeline's audio stage (default: its own)
+                or an alias of the orchestrator's voice map (OpenAI's voices).
+            talker_sampling, stream_audio, return_codec_ids: as for `stream()`
+                (the codec ids land in SpeechResult.codec_ids).
 
         Raises:
             BadRequestError: empty text, unknown voice, or a pipeline with no talker.
@@ -348,7 +364,9 @@ class OmniClient:
             ServerError, OmniClientError: as for `stream()`.
         """
         result = self.chat(text, model=model or self._default_model("omni"), speaker=voice,
-                           seed=seed, task="speech", timeout=timeout)
+                           seed=seed, task="speech", talker_sampling=talker_sampling,
+                           stream_audio=stream_audio, return_codec_ids=return_codec_ids,
+                           timeout=timeout)
         return _calls.speech_result(result)
 
     def generate_image(self, prompt: str, *, model: str | None = None, width: int | None = None,

@@ -100,6 +100,18 @@ class ImageOutput:
 
 
 @dataclass(frozen=True)
+class CodecIds:
+    """The talker's next codec ids (asked for with `return_codec_ids=True`).
+
+    Attributes:
+        ids: codes as the audio decoder reads them, in order; the ids of a
+            reply are the concatenation of its CodecIds events.
+    """
+
+    ids: list[int]
+
+
+@dataclass(frozen=True)
 class Final:
     """The last event of every stream.
 
@@ -116,9 +128,9 @@ class Final:
     metrics: Mapping[str, Any] = field(default_factory=dict)
 
 
-Event = TextDelta | AudioChunk | ImageOutput | Final
-"""What `OmniClient.stream()` yields: text deltas, audio chunks and images as
-they arrive, then one Final."""
+Event = TextDelta | AudioChunk | ImageOutput | CodecIds | Final
+"""What `OmniClient.stream()` yields: text deltas, audio chunks, images and
+(when asked for) codec ids as they arrive, then one Final."""
 
 
 @dataclass(eq=False)
@@ -130,6 +142,8 @@ class ChatResult:
         audio: the spoken reply (mono float32), or None when not asked for.
         sample_rate: of `audio`.
         images: generated images (PNG bytes), in order.
+        codec_ids: the talker's codec ids of the spoken reply (empty unless
+            asked for with `return_codec_ids=True`).
         finish_reason, usage, metrics: as in the stream's Final event.
     """
 
@@ -137,6 +151,7 @@ class ChatResult:
     audio: np.ndarray | None = None
     sample_rate: int | None = None
     images: list[bytes] = field(default_factory=list)
+    codec_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
@@ -154,6 +169,8 @@ class ChatResult:
                 result.sample_rate = event.sample_rate
             elif isinstance(event, ImageOutput):
                 result.images.append(event.png)
+            elif isinstance(event, CodecIds):
+                result.codec_ids.extend(event.ids)
             elif isinstance(event, Final):
                 result.finish_reason, result.usage = event.finish_reason, event.usage
                 result.metrics = event.metrics
@@ -175,7 +192,13 @@ class ChatResult:
 
 @dataclass(frozen=True, eq=False)
 class SpeechResult(AudioChunk):
-    """Text read aloud (`OmniClient.speech`): all of its audio as one chunk."""
+    """Text read aloud (`OmniClient.speech`): all of its audio as one chunk.
+
+    Attributes:
+        codec_ids: the talker's codec ids (empty unless `return_codec_ids=True`).
+    """
+
+    codec_ids: list[int] = field(default_factory=list)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the audio to `path` (format from the suffix: .wav, .flac, .ogg)."""
