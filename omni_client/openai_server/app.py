@@ -40,7 +40,7 @@ from omni_client.errors import (
 )
 from omni_client.media import encode_audio
 from omni_client.openai_server import protocol as p
-from omni_client.types import AudioChunk, Event, Final, TextDelta, Usage
+from omni_client.types import AudioChunk, CodecIds, Event, Final, TextDelta, Usage
 
 log = logging.getLogger("omni_openai")
 
@@ -174,6 +174,8 @@ class _Completion:
         if isinstance(event, AudioChunk) and self.audio:
             return {"audio": {"id": self.audio_id,
                               "data": base64.b64encode(_pcm16(event.samples)).decode()}}
+        if isinstance(event, CodecIds) and self.audio and event.ids:
+            return {"audio": {"id": self.audio_id, "codec_ids": list(event.ids)}}
         return None
 
     def whole(self, events: list[Event]) -> dict[str, Any]:
@@ -190,6 +192,9 @@ class _Completion:
             message["content"] = None  # OpenAI: with audio out, the text is the transcript
             message["audio"] = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
                                 "expires_at": self.created + 3600, "transcript": text}
+            if self.body.return_codec_ids:  # extension
+                message["audio"]["codec_ids"] = [i for e in events if isinstance(e, CodecIds)
+                                                 for i in e.ids]
         return {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.body.model,
                 "choices": [{"index": 0, "message": message,
@@ -270,7 +275,8 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
                 turn.text, model=info.name, image=turn.image, audio=turn.audio,
                 modalities=["text", "audio"] if audio else ["text"],
                 sampling_parameters=body.sampling_parameters(),
-                speaker=body.audio.voice if audio else None, seed=body.seed, **inputs)
+                speaker=body.audio.voice if audio else None, seed=body.seed,
+                **_talker_options(body, audio), **inputs)
         else:
             if audio:
                 raise p.OpenAIError(400, f"model {info.name!r} produces text only; use an omni "
@@ -313,7 +319,9 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
         fmt = body.checked_format()
         info = await front.model(body.model, ("omni",))
         events = front.client.stream(body.input, model=info.name, task="speech",
-                                     speaker=body.voice, seed=body.seed)
+                                     speaker=body.voice, seed=body.seed,
+                                     talker_sampling=body.talker_sampling_parameters,
+                                     stream_audio=body.stream_audio)
         first, rest = await _first_and_rest(events)
         front.requests.labels("/v1/audio/speech", "200").inc()
         media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
@@ -345,6 +353,14 @@ def _omni_context(body: p.ChatRequest) -> dict[str, Any]:
     """The omni inputs beyond the last user turn: earlier turns and the session id (`user`)."""
     turns = p.history(body.messages, allow_system=False)
     return {"history": turns or None, "session_id": body.user}
+
+
+def _talker_options(body: p.ChatRequest, audio: bool) -> dict[str, Any]:
+    """The speech extensions of a chat request (sent only when it asks for audio)."""
+    if not audio:
+        return {}
+    return {"talker_sampling": body.talker_sampling_parameters,
+            "stream_audio": body.stream_audio, "return_codec_ids": body.return_codec_ids}
 
 
 async def _chat_stream(completion: _Completion, first: list[Event], rest: AsyncIterator[Event],

@@ -107,6 +107,12 @@ class ChatRequest(_Body):
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
     user: str | None = None
+    # extensions (speech only): the talker's sampling fields (the orchestrator
+    # checks keys and ranges), the whole utterance as one audio chunk
+    # (stream_audio false), and the talker's codec ids in `audio.codec_ids`
+    talker_sampling_parameters: dict[str, Any] | None = None
+    stream_audio: bool | None = None
+    return_codec_ids: bool = False
 
     def sampling_parameters(self) -> dict[str, Any]:
         """vLLM SamplingParams fields of this request."""
@@ -130,6 +136,9 @@ class ChatRequest(_Body):
             raise OpenAIError(400, f"n must be 1 (one choice per completion), got {self.n}",
                               param="n")
         if "audio" not in modalities:
+            if self.return_codec_ids:
+                raise OpenAIError(400, "return_codec_ids needs speech: set modalities to "
+                                       "['text', 'audio'] with audio.voice", param="return_codec_ids")
             return False
         fmt = self.audio.format
         if self.stream and fmt != "pcm16":
@@ -279,8 +288,11 @@ class SpeechRequest(_Body):
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     instructions: str | None = None
     stream_format: Literal["audio", "sse"] | None = None
-    # extension
+    # extensions: seed; the talker's sampling fields; stream_audio false makes
+    # the whole utterance at once (the body still streams, in one piece)
     seed: int | None = None
+    talker_sampling_parameters: dict[str, Any] | None = None
+    stream_audio: bool | None = None
 
     def checked_format(self) -> str:
         if self.response_format not in ("wav", "pcm", "flac"):
