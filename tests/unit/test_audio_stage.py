@@ -1,9 +1,11 @@
 """Stage logic of the omni_audio Token2Wav stage: config, request parsing, chunk plans, batched runs.
 
-Runs the tiny random-weight Token2Wav (480 samples per code at 24 kHz) on CPU
-with 3 ODE time points. Batched and lone runs are compared with a tolerance
-of 1e-5 on samples in [-1, 1]: oneDNN convolutions and GEMMs sum in another
-order for another batch size (measured: about 2.5e-6 at most).
+Runs the tiny random-weight Qwen2.5-Omni checkpoint's Token2Wav (480 samples
+per code at 24 kHz) on CPU, with 3 ODE time points except where the model's
+own settings are the point (goldens against transformers, chunking). Batched
+and lone runs are compared with a tolerance of 1e-5 on samples in [-1, 1]:
+oneDNN convolutions and GEMMs sum in another order for another batch size
+(measured: about 2.5e-6 at most).
 """
 from __future__ import annotations
 
@@ -18,11 +20,22 @@ import torch
 from pydantic import ValidationError
 
 from omni_serve.audio.config import AudioStageConfig
-from omni_serve.audio.request import AudioLimits, AudioRequest, ChunkSpan, chunk_plan, parse_request
+from omni_serve.audio.request import (
+    AudioLimits,
+    AudioRequest,
+    ChunkContext,
+    ChunkSpan,
+    chunk_plan,
+    dit_context_codes,
+    ode_dit_passes,
+    parse_request,
+    vocoder_context_frames,
+)
 from omni_serve.audio.runner import AudioRunner, real_time_factor, sample_mel
 from omni_serve.contract import AUDIO, ENGINE_ARGS_FILE
 from omni_serve.errors import RequestError
-from omni_tools.tiny_token2wav import build_token2wav
+from omni_tools.tiny_omni import build_omni_checkpoint
+from omni_tools.tiny_token2wav import TINY_BIGVGAN, TINY_DIT, build_token2wav
 
 torch.set_num_threads(1)
 
@@ -37,7 +50,7 @@ STREAM = RNG.integers(0, 512, 96)
 
 def tensors(codes=(1, 2, 3), **extra) -> dict[str, np.ndarray | None]:
     out: dict[str, np.ndarray | None] = {AUDIO.CODEC_TOKENS: None if codes is None else np.asarray(codes)}
-    dtypes = {AUDIO.CONTEXT_TOKENS: np.int32, AUDIO.SEED: np.int64}
+    dtypes = {AUDIO.CONTEXT_TOKENS: np.int32, AUDIO.SEED: np.int64, AUDIO.CODE_OFFSET: np.int64}
     for name, value in extra.items():
         if isinstance(value, str):
             out[name] = np.array([value.encode()], dtype=object)
@@ -55,7 +68,7 @@ def req(n: int = 16, seed: int = 1, context: int = 0, speaker: str = "Chelsie", 
 # --- config ----------------------------------------------------------------------
 def test_config_defaults_and_unknown_keys_are_an_error():
     cfg = AudioStageConfig(model="m")
-    assert (cfg.num_steps, cfg.guidance_scale, cfg.sway_coefficient) == (4, 0.5, -1.0)
+    assert (cfg.num_steps, cfg.guidance_scale, cfg.sway_coefficient) == (None, None, None)
     assert cfg.dtype == "float32" and cfg.device == "cpu" and cfg.default_speaker is None
     with pytest.raises(ValidationError, match="extra"):
         AudioStageConfig(model="m", steps=3)
@@ -144,12 +157,71 @@ def test_chunk_plan_waits_for_full_chunks_and_right_context_until_final():
         chunk_plan(8, 0, 0, 4, final=True)
 
 
+# --- context for chunks --------------------------------------------------------------
+REAL = {"dit": dict(block_size=24, look_backward_layers=[0, 20], look_ahead_layers=[10], num_hidden_layers=22,
+                    repeats=2),
+        "bigvgan": dict(upsample_rates=[5, 3, 2, 2, 2, 2], upsample_kernel_sizes=[11, 7, 4, 4, 4, 4],
+                        resblock_kernel_sizes=[3, 7, 11], resblock_dilation_sizes=[[1, 3, 5]] * 3)}
+
+
+def test_context_covers_the_dit_blocks_and_the_vocoder_field_of_each_checkpoint():
+    assert dit_context_codes(REAL["dit"]) == ChunkContext(24, 23, 12)  # 2 blocks back, 1 ahead
+    assert dit_context_codes(REAL["dit"], REAL["bigvgan"]) == ChunkContext(41, 40, 12)
+    assert dit_context_codes(REAL["dit"], REAL["bigvgan"], passes=2) == ChunkContext(65, 52, 12)
+    assert dit_context_codes(TINY_DIT, TINY_BIGVGAN) == ChunkContext(21, 32, 12)
+    assert dit_context_codes(dict(TINY_DIT, block_size=5, repeats=2)).align == 5  # blocks of 2.5 codes
+    assert vocoder_context_frames(REAL["bigvgan"]) == (34, 34) and ode_dit_passes(10) == 36
+    with pytest.raises(ValueError, match="passes >= 1"):
+        dit_context_codes(TINY_DIT, passes=0)
+
+
+@pytest.mark.parametrize("dit", [TINY_DIT, REAL["dit"], dict(TINY_DIT, block_size=5, repeats=2)])
+def test_with_that_context_every_voiced_frame_sees_its_whole_decode_blocks(dit):
+    """Brute force over chunk boundaries: the blocks a voiced frame's mel depends on are all sent, whole."""
+    ctx = dit_context_codes(dit)
+    r, bs = dit["repeats"], dit["block_size"]
+    back, ahead = len(dit["look_backward_layers"]), len(dit["look_ahead_layers"])
+    for begin in range(0, 90):
+        for end in range(begin + 1, begin + 30):
+            span = chunk_plan(end + 200, begin, end - begin, ctx.left, False,
+                              right_context=ctx.right, align=ctx.align)[0]
+            assert span.first * r % bs == 0
+            needed_first = max(0, (begin * r // bs - back) * bs)
+            needed_last = ((end * r - 1) // bs + ahead + 1) * bs
+            assert span.first * r <= needed_first and span.last * r >= needed_last, (begin, end, span)
+
+
+def test_the_vocoder_field_is_what_its_convolutions_read(runner):
+    """Moving a mel frame just outside the field leaves a frame's samples bit-identical."""
+    before, after = vocoder_context_frames(runner.model.config.bigvgan_config)
+    vocoder = runner.vocoder.double()
+    try:
+        captured: list[torch.Tensor] = []
+        handle = vocoder.conv_post.register_forward_hook(lambda _m, _i, out: captured.append(out))
+        mel = torch.randn(1, 80, 100, generator=torch.Generator().manual_seed(0), dtype=torch.float64) - 3
+        frame, spf = 50, runner.samples_per_frame
+        with torch.inference_mode():
+            vocoder(mel)
+            for moved, inside in ((frame - before - 1, False), (frame + after + 1, False),
+                                  (frame - 3, True), (frame + 3, True)):
+                nudged = mel.clone()
+                nudged[:, :, moved] += 0.5
+                vocoder(nudged)
+            base, *outs = (c[0, 0, frame * spf:(frame + 1) * spf] for c in captured)
+        handle.remove()
+        assert [not torch.equal(o, base) for o in outs] == [False, False, True, True]
+    finally:
+        runner.vocoder.float()
+
+
 # --- runner ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("token2wav")
-    build_token2wav(out)
-    return out
+    """The whole tiny Qwen2.5-Omni checkpoint in the hub layout (its Token2Wav built beside it)."""
+    root = tmp_path_factory.mktemp("omni")
+    build_token2wav(root / "token2wav")
+    build_omni_checkpoint(root / "omni", token2wav_dir=root / "token2wav")
+    return root / "omni"
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +229,41 @@ def runner(folder) -> AudioRunner:
     return AudioRunner(AudioStageConfig(model=str(folder), num_steps=STEPS, max_codec_tokens=128))
 
 
-def test_runner_reads_limits_and_timing_from_the_checkpoint(runner):
+@pytest.fixture(scope="module")
+def own_runner(folder) -> AudioRunner:
+    """The checkpoint's own sampler settings (transformers' defaults)."""
+    return AudioRunner(AudioStageConfig(model=str(folder), max_codec_tokens=128))
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    """transformers' whole Qwen2.5-Omni model and its voices, as a user would load them."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(folder).eval()
+    return model, torch.load(folder / "spk_dict.pt", weights_only=True)
+
+
+def test_runner_reads_limits_and_timing_from_the_checkpoint(runner, own_runner):
     assert runner.limits == AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"),
-                                        default_speaker="Chelsie", max_codec_tokens=128)
+                                        default_speaker="Chelsie", max_codec_tokens=128,
+                                        max_utterance_codes=16384)
     assert (runner.sample_rate, runner.samples_per_code, runner.block_codes) == (24000, SPC, 12)
+    assert runner.context == ChunkContext(21, 32, 12)
+    assert (own_runner.num_steps, own_runner.guidance_scale, own_runner.sway_coefficient) == (10, 0.5, -1.0)
     assert real_time_factor(0.5, 24000, runner.sample_rate) == 0.5
+
+
+def _copy(folder: Path, out: Path, *, drop_file: str | None = None, drop_key: str | None = None) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for p in folder.iterdir():
+        if p.is_file() and p.name not in (drop_file, "model.safetensors"):
+            (out / p.name).symlink_to(p)
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k != drop_key}, str(out / "model.safetensors"))
+    return out
 
 
 def test_runner_rejects_settings_the_checkpoint_cannot_serve(folder, tmp_path):
@@ -169,11 +271,42 @@ def test_runner_rejects_settings_the_checkpoint_cannot_serve(folder, tmp_path):
         AudioRunner(AudioStageConfig(model=str(folder), default_speaker="Nobody"))
     with pytest.raises(ValueError, match="max_codec_tokens=20000 exceeds .* 16384 codes"):
         AudioRunner(AudioStageConfig(model=str(folder), max_codec_tokens=20000))
-    for p in folder.iterdir():
-        if p.name != "speakers.json":
-            (tmp_path / p.name).symlink_to(p)
-    with pytest.raises(FileNotFoundError, match="speakers.json is missing"):
-        AudioRunner(AudioStageConfig(model=str(tmp_path)))
+    with pytest.raises(FileNotFoundError, match="spk_dict.pt is missing"):
+        AudioRunner(AudioStageConfig(model=str(_copy(folder, tmp_path / "a", drop_file="spk_dict.pt"))))
+    key = "token2wav.code2wav_bigvgan_model.conv_post.weight"
+    with pytest.raises(ValueError, match=f"1 missing \\({key}\\), 0 unexpected"):
+        AudioRunner(AudioStageConfig(model=str(_copy(folder, tmp_path / "b", drop_key=key))))
+    other = tmp_path / "qwen2"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "qwen2"}')
+    with pytest.raises(ValueError, match="has no token2wav_config \\(model_type 'qwen2'\\)"):
+        AudioRunner(AudioStageConfig(model=str(other)))
+
+
+def test_the_stand_alone_token2wav_folder_still_loads(folder, runner):
+    old = AudioRunner(AudioStageConfig(model=str(folder.parent / "token2wav"), num_steps=STEPS))
+    assert old.limits.speakers == runner.limits.speakers
+    assert old.run([req(12, seed=2)])[0].tobytes() == runner.run([req(12, seed=2)])[0].tobytes()
+
+
+@pytest.mark.parametrize("speaker", ["Chelsie", "Ethan"])
+@pytest.mark.parametrize("n", [17, 60])
+def test_a_whole_utterance_is_what_transformers_token2wav_gives(own_runner, reference, speaker, n):
+    model, voices = reference
+    (got,) = own_runner.run([AudioRequest(codes=STREAM[:n], context=0, speaker=speaker, seed=23)])
+    torch.manual_seed(23)
+    with torch.inference_mode():
+        want = model.token2wav(torch.from_numpy(STREAM[None, :n]), conditioning=voices[speaker]["cond"],
+                               reference_mel=voices[speaker]["ref_mel"]).numpy()
+    assert got.shape == want.shape == (n * SPC,)
+    assert np.abs(got - want).max() <= 1e-4 and want.std() > 0.01
+
+
+def test_unknown_speaker_names_the_checkpoint_voices(runner):
+    with pytest.raises(RequestError, match="unknown voice 'Nobody'; known voices: Chelsie, Ethan"):
+        parse_request(tensors(speaker="Nobody"), runner.limits)
+    with pytest.raises(RequestError, match="must be between 0 and 16381 .* at most 16384 codes"):
+        parse_request(tensors(code_offset=16382), runner.limits)
 
 
 def test_sampler_matches_the_library_forward_given_the_same_noise(runner):
@@ -240,21 +373,42 @@ def test_a_request_with_nothing_to_voice_fails_alone(runner):
     assert out[1].shape == (8 * SPC,)
 
 
-def test_noise_depends_only_on_seed_and_code_position(runner):
-    long = runner.initial_noise(11, 0, 100)
-    assert torch.equal(runner.initial_noise(11, 60, 30), long[120:180])
-    assert not torch.equal(runner.initial_noise(12, 60, 30), long[120:180])
+@pytest.mark.parametrize("frames", [1, 2, 3, 7, 24, 97, 200])
+def test_cpu_randn_of_mel_rows_is_prefix_stable(frames):
+    """What the noise rule rests on: a shorter draw is the start of a longer one (80 values a frame)."""
+    longer = torch.randn(1, 401, 80, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(torch.randn(1, frames, 80, generator=torch.Generator().manual_seed(9)),
+                       longer[:, :frames])
+    odd = torch.randn(1, 7, 3, generator=torch.Generator().manual_seed(9))  # 21 values: not a multiple of 16
+    assert not torch.equal(odd, torch.randn(1, 9, 3, generator=torch.Generator().manual_seed(9))[:, :7])
 
 
-def test_chunks_with_offsets_and_block_context_match_the_whole_decode(runner):
-    (whole,) = runner.run([AudioRequest(codes=STREAM, context=0, speaker="Chelsie", seed=4)])
-    spans = chunk_plan(len(STREAM), 0, 16, 16, final=True, right_context=24, align=runner.block_codes)
-    chunks = runner.run([AudioRequest(codes=STREAM[s.first:s.last], context=s.context, speaker="Chelsie",
-                                      seed=4, offset=s.first, lookahead=s.lookahead) for s in spans])
-    streamed = np.concatenate(chunks)
-    assert streamed.shape == whole.shape
-    snr = 10 * np.log10((whole ** 2).sum() / ((whole - streamed) ** 2).sum())
-    assert snr > 60, f"SNR {snr:.1f} dB"
+def test_noise_is_the_rows_of_the_utterance_draw_transformers_makes(runner):
+    torch.manual_seed(11)
+    utterance = torch.randn([1, 100 * 2, runner.mel_dim])[0]  # what sample() draws for 100 codes
+    assert torch.equal(runner.initial_noise(11, 0, 100), utterance)
+    assert torch.equal(runner.initial_noise(11, 61, 29), utterance[122:180])
+    assert not torch.equal(runner.initial_noise(12, 61, 29), utterance[122:180])
+    assert torch.equal(runner.initial_noise(-3, 0, 5), torch.randn(1, 10, 80, generator=torch.Generator()
+                                                                   .manual_seed(-3))[0])
+
+
+def test_chunks_with_the_checkpoint_context_match_the_whole_decode(own_runner):
+    (whole,) = own_runner.run([AudioRequest(codes=STREAM, context=0, speaker="Chelsie", seed=4)])
+
+    def streamed(ctx: ChunkContext) -> float:
+        spans = chunk_plan(len(STREAM), 0, 24, ctx.left, final=True, right_context=ctx.right,
+                           align=ctx.align)
+        chunks = own_runner.run([AudioRequest(codes=STREAM[s.first:s.last], context=s.context,
+                                              speaker="Chelsie", seed=4, offset=s.first,
+                                              lookahead=s.lookahead) for s in spans])
+        out = np.concatenate(chunks)
+        assert out.shape == whole.shape
+        return 10 * np.log10((whole ** 2).sum() / ((whole - out) ** 2).sum())
+
+    # measured (96 codes, chunks of 24, 10 steps): 95 dB one pass, 116 dB two, 52 dB DiT-only
+    assert streamed(own_runner.context) > 80
+    assert streamed(dit_context_codes(own_runner.model.config.dit_config)) < 70  # the vocoder matters
 
 
 # --- Triton adapter (with a stand-in for triton_python_backend_utils) --------------------

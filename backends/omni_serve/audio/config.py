@@ -17,11 +17,13 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 class AudioStageConfig(BaseModel):
     """Typed engine.json of a Token2Wav (codec tokens -> waveform) stage; unknown keys are an error.
 
-    `model` is a folder holding a `Qwen2_5OmniToken2WavModel` checkpoint
-    (config.json + weights) and its voices (`speakers.safetensors` +
-    `speakers.json`), as `omni_tools.tiny_token2wav` writes it. Qwen2.5-Omni
+    `model` is a Qwen2.5-Omni checkpoint folder as the hub ships it (config.json
+    with `token2wav_config`, `token2wav.*` weights, spk_dict.pt); a stand-alone
+    Token2Wav folder (omni_tools.tiny_token2wav) still loads. Qwen2.5-Omni
     runs Token2Wav in float32; lower precision is allowed but not what the
-    model was validated with.
+    model was validated with. The sampler settings default to None: the
+    model's own (`Qwen2_5OmniToken2WavModel.forward`: 10 steps, guidance 0.5,
+    sway -1.0).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -31,12 +33,12 @@ class AudioStageConfig(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     torch_threads: int = Field(default=1, ge=1)
     # Flow matching: `num_steps` time points of the RK4 ODE solve (num_steps - 1
-    # intervals, 4 DiT evaluations each). The real model uses 10; 4 keeps CPU cheap.
-    num_steps: int = Field(default=4, ge=2, le=100)
+    # intervals, 4 DiT evaluations each); None: the model's own (10).
+    num_steps: int | None = Field(default=None, ge=2, le=100)
     # Classifier-free guidance strength (0 turns it off and halves the DiT batch)
-    # and the sway sampling of the time grid, as Qwen2.5-Omni's defaults.
-    guidance_scale: float = Field(default=0.5, ge=0.0, le=10.0)
-    sway_coefficient: float = Field(default=-1.0, ge=-1.0, le=1.0)
+    # and the sway sampling of the time grid; None: the model's own (0.5, -1.0).
+    guidance_scale: float | None = Field(default=None, ge=0.0, le=10.0)
+    sway_coefficient: float | None = Field(default=None, ge=-1.0, le=1.0)
     # Codes per request, left context included.
     max_codec_tokens: int = Field(default=2048, ge=1)
     # Voice used when a request names none; None: the checkpoint's default.
@@ -46,5 +48,5 @@ class AudioStageConfig(BaseModel):
     def _check(self) -> AudioStageConfig:
         if self.default_speaker is not None and self.default_speaker != self.default_speaker.strip():
             raise ValueError(f"default_speaker={self.default_speaker!r} has leading or trailing spaces; "
-                             "give the voice name exactly as speakers.json lists it")
+                             "give the voice name exactly as spk_dict.pt spells it")
         return self
