@@ -94,6 +94,8 @@ def _response(req: LLMRequest, out: LLMOutput):
         tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.uint32)
     if req.return_token_ids:
         tensors[LLM.TOKEN_IDS] = np.array(out.token_ids, dtype=np.int64)
+    if req.return_input_token_ids and out.input_token_ids is not None:
+        tensors[LLM.INPUT_TOKEN_IDS] = np.array(out.input_token_ids, dtype=np.int64)
     if out.hidden_span is not None:
         tensors[LLM.HIDDEN_STATES_FILE] = np.array([out.hidden_file.encode()], dtype=np.object_)
         tensors[LLM.HIDDEN_STATES_ROWS] = np.array(out.hidden_span, dtype=np.int64)

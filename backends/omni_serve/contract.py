@@ -107,6 +107,10 @@ class LLM:
     RETURN_TOKEN_IDS = "return_token_ids"
     RETURN_HIDDEN_STATES = "return_hidden_states"
     HIDDEN_STATES_IN_SHM = "hidden_states_in_shm"
+    RETURN_INPUT_TOKEN_IDS = "return_input_token_ids"
+    # Talker stages (engine_args "talker": true) only.
+    THINKER_HIDDEN_STATES_FILE = "thinker_hidden_states_file"
+    SPEAKER = "speaker"
 
     TEXT_OUTPUT = "text_output"
     FINISH_REASON = "finish_reason"
@@ -117,11 +121,12 @@ class LLM:
     HIDDEN_STATES = "hidden_states"
     HIDDEN_STATES_FILE = "hidden_states_file"
     HIDDEN_STATES_ROWS = "hidden_states_rows"
+    INPUT_TOKEN_IDS = "input_token_ids"
 
     # Boolean request flags that may also arrive as request parameters.
     FLAGS = (STREAM, EXCLUDE_INPUT_IN_OUTPUT, RETURN_FINISH_REASON,
              RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS,
-             RETURN_HIDDEN_STATES, HIDDEN_STATES_IN_SHM)
+             RETURN_HIDDEN_STATES, HIDDEN_STATES_IN_SHM, RETURN_INPUT_TOKEN_IDS)
     # Request parameter of a control request: abort the live request whose
     # Triton request id is its value (BLS callers cannot cancel a child stream
     # in Triton 2.51, so the orchestrator asks the stage directly).
@@ -173,6 +178,14 @@ LLM_CONTRACT = StageContract(
                    doc="with return_hidden_states, for a caller on this host: the rows stay in "
                        "a /dev/shm file the caller reads and then deletes; responses carry "
                        "hidden_states_file and hidden_states_rows instead of the tensors"),
+        TensorSpec(LLM.RETURN_INPUT_TOKEN_IDS, "TYPE_BOOL", (1,), optional=True,
+                   doc="also return input_token_ids (with the first response)"),
+        TensorSpec(LLM.THINKER_HIDDEN_STATES_FILE, "TYPE_STRING", (1,), optional=True,
+                   doc="talker stages: the thinker's hidden_states_file (same host); with "
+                       "prompt_token_ids = the thinker's input_token_ids, and image_grid_thw / "
+                       "audio_feature_lengths of its media; streams codec ids as token_ids"),
+        TensorSpec(LLM.SPEAKER, "TYPE_STRING", (1,), optional=True,
+                   doc="talker stages: a speaker of the checkpoint's spk_dict.pt"),
     ),
     outputs=(
         TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
@@ -192,6 +205,9 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.HIDDEN_STATES_ROWS, "TYPE_INT64", (3,),
                    doc="with hidden_states_in_shm: first row, rows this response adds, row "
                        "width in floats (2 x hidden); the rows are in the file when it arrives"),
+        TensorSpec(LLM.INPUT_TOKEN_IDS, "TYPE_INT64", (-1,),
+                   doc="with return_input_token_ids: the prompt's token ids as the engine saw "
+                       "them (media placeholders expanded to one per row)"),
     ),
 )
 

@@ -64,7 +64,7 @@ def _stage(render_gate: asyncio.Event | None = None) -> tuple[LLMStage, FakeEngi
     engine = FakeEngine()
     stage.engine = engine
 
-    async def render(req):
+    async def render(req, params):
         if render_gate is not None:
             await render_gate.wait()
         return {"prompt_token_ids": [1, 2]}

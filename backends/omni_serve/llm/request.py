@@ -16,6 +16,7 @@ from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
 from omni_serve.fields import scalar, text
 from omni_serve.llm import sampling
+from omni_serve.llm.talker import TalkerInput
 
 
 @dataclass
@@ -38,6 +39,9 @@ class LLMRequest:
     # Omni extras: the prompt as token ids, and the media of a multimodal prompt.
     prompt_token_ids: list[int] | None = None
     media: Media | None = None
+    return_input_token_ids: bool = False
+    # a talker stage's request: the thinker's rows and prompt (llm/talker.py)
+    talker: TalkerInput | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class LLMOutput:
     # with hidden_states_in_shm instead: the file, and (first row, rows added, width)
     hidden_file: str | None = None
     hidden_span: tuple[int, int, int] | None = None
+    # with return_input_token_ids, on the first output: the prompt as the engine saw it
+    input_token_ids: tuple[int, ...] | None = None
 
 
 def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
@@ -80,6 +86,8 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
                      token_ids=tuple(t for o in outputs for t in o.token_ids),
                      hidden=np.concatenate(rows) if rows else None,
                      hidden_file=last.hidden_file,
+                     input_token_ids=next((o.input_token_ids for o in outputs
+                                           if o.input_token_ids is not None), None),
                      hidden_span=(spans[0][0], sum(s[1] for s in spans), spans[0][2])
                      if spans else None)
 
@@ -110,13 +118,16 @@ def parse_request(
     """
     prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
     token_ids = _token_ids(tensors.get(LLM.PROMPT_TOKEN_IDS))
-    if prompt is None and token_ids is None:
+    talker = _talker(tensors, prompt, token_ids)
+    if talker is not None:
+        token_ids = None
+    if prompt is None and token_ids is None and talker is None:
         raise RequestError(LLM.TEXT_INPUT, f"is required (or send {LLM.PROMPT_TOKEN_IDS})")
     if prompt is not None and token_ids is not None:
         raise RequestError(LLM.PROMPT_TOKEN_IDS, f"send either it or {LLM.TEXT_INPUT}, not both")
     if prompt is not None and not prompt:
         raise RequestError(LLM.TEXT_INPUT, "must not be empty")
-    media = _media(tensors)
+    media = _media(tensors) if talker is None else None
     if media is not None and prompt is None:
         field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
         raise RequestError(field, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
@@ -140,7 +151,35 @@ def parse_request(
     )
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=token_ids,
-                      media=media, **flags)
+                      media=media, talker=talker, **flags)
+
+
+def _talker(tensors: dict[str, np.ndarray | None], prompt: str | None,
+            token_ids: list[int] | None) -> TalkerInput | None:
+    """A talker request's inputs (thinker_hidden_states_file sent), else None."""
+    source = text(LLM.THINKER_HIDDEN_STATES_FILE, scalar(tensors, LLM.THINKER_HIDDEN_STATES_FILE))
+    speaker = text(LLM.SPEAKER, scalar(tensors, LLM.SPEAKER))
+    if source is None:
+        if speaker is not None:
+            raise RequestError(LLM.SPEAKER, f"is for talker requests (with "
+                                            f"{LLM.THINKER_HIDDEN_STATES_FILE})")
+        return None
+    if prompt is not None:
+        raise RequestError(LLM.TEXT_INPUT, f"a talker request sends {LLM.PROMPT_TOKEN_IDS} (the "
+                                           "thinker's input_token_ids), not text")
+    if token_ids is None:
+        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"is required with "
+                                                 f"{LLM.THINKER_HIDDEN_STATES_FILE} (the "
+                                                 "thinker's input_token_ids)")
+    for name in (LLM.IMAGE_EMBEDS, LLM.AUDIO_FEATURES):
+        if tensors.get(name) is not None:
+            raise RequestError(name, "a talker request sends only the media grids "
+                                     f"({LLM.IMAGE_GRID_THW}, {LLM.AUDIO_FEATURE_LENGTHS})")
+    return TalkerInput(
+        source=source, prompt_token_ids=tuple(token_ids), speaker=speaker or None,
+        image_grid_thw=_counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3"),
+        audio_feature_lengths=_counts(LLM.AUDIO_FEATURE_LENGTHS,
+                                      tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n"))
 
 
 def _token_ids(arr: np.ndarray | None) -> list[int] | None:

@@ -22,12 +22,14 @@ from typing import Any, Protocol
 
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError, StageUnavailableError
-from omni_serve.llm import hidden_states, sampling, warmup
+from omni_serve.llm import hidden_states, sampling, talker, talker_engine, warmup
 from omni_serve.llm.media import MediaShapes, multi_modal_data
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
 log = logging.getLogger(__name__)
 
+# How long a talker request waits for the thinker's first reply rows.
+TALKER_WAIT_S = 120.0
 # How long an in-band abort that found no request waits for that request to arrive.
 EARLY_ABORT_TTL_S = 60.0
 
@@ -109,6 +111,11 @@ class LLMStage:
     def __init__(self, engine_args: dict[str, Any], *, metrics: StageMetrics | None = None,
                  name: str = "llm"):
         self.name = name
+        engine_args = dict(engine_args)
+        self.is_talker = bool(engine_args.pop(talker.ENGINE_ARG, False))
+        if self.is_talker:
+            engine_args = talker.engine_args(engine_args)
+        self.talker: talker.TalkerPrompter | None = None  # set once the engine runs
         self.engine_args = {**DEFAULT_ENGINE_ARGS, **engine_args}
         self.metrics = metrics or NullMetrics()
         self.engine = None
@@ -153,6 +160,11 @@ class LLMStage:
         self.max_model_len = self.engine.model_config.max_model_len
         self.media_shapes = MediaShapes.from_hf_config(self.engine.model_config.hf_config)
         self.hidden_size = self.engine.model_config.get_hidden_size()
+        if self.is_talker:
+            reasons = [r for r in await self.engine.collective_rpc(talker_engine.RPC) if r]
+            if reasons:
+                raise RuntimeError(f"[{self.name}] the talker cannot run: {'; '.join(reasons)}")
+            self.talker = talker.TalkerPrompter(self.engine_args["model"], self.name)
         if self._capture_dir is None:
             self.hidden_states_unavailable = (
                 f"the engine runs its own worker_extension_cls {own_extension!r}")
@@ -172,7 +184,8 @@ class LLMStage:
         sched = self.engine.vllm_config.scheduler_config
         batches = warmup.plan(sched.max_num_seqs, self.max_model_len,
                               sched.max_num_batched_tokens)
-        vocab = self.engine.model_config.get_vocab_size()
+        vocab = (self.talker.config.vocab_size if self.talker is not None
+                 else self.engine.model_config.get_vocab_size())
         t0 = time.perf_counter()
         self._warming = True
         try:
@@ -295,7 +308,17 @@ class LLMStage:
         (engine_input,) = await self.engine.renderer.render_cmpl_async([parsed])
         return engine_input
 
-    async def _render(self, req: LLMRequest):
+    async def _render(self, req: LLMRequest, params):
+        if self.talker is not None:
+            if req.talker is None:
+                raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                                   f"is required: stage {self.name} is a talker")
+            prompt, feed = await self.talker.prompt(req.talker, timeout_s=TALKER_WAIT_S)
+            params.extra_args = {**(params.extra_args or {}), talker_engine.EXTRA_ARG: feed}
+            return await self._render_prompt(prompt)
+        if req.talker is not None:
+            raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                               f"stage {self.name} is not a talker (engine_args \"talker\": true)")
         if req.prompt_token_ids is not None:
             vocab = self.engine.model_config.get_vocab_size()
             if max(req.prompt_token_ids) >= vocab:
@@ -313,13 +336,16 @@ class LLMStage:
 
         capture = None
         try:
-            params = sampling.build(req.sampling, stream=req.stream)
-            if params.extra_args and hidden_states.EXTRA_ARG in params.extra_args:
-                raise RequestError(f"{sampling.FIELD}.extra_args.{hidden_states.EXTRA_ARG}",
-                                   f"is set by the stage; send {LLM.RETURN_HIDDEN_STATES}")
+            fields = (self.talker.sampling(req.sampling, self.max_model_len)
+                      if self.talker is not None else req.sampling)
+            params = sampling.build(fields, stream=req.stream)
+            for own in (hidden_states.EXTRA_ARG, talker_engine.EXTRA_ARG):
+                if params.extra_args and own in params.extra_args:
+                    raise RequestError(f"{sampling.FIELD}.extra_args.{own}",
+                                       "is set by the stage")
             if req.return_hidden_states:
                 capture = self._capture(params)
-            engine_input = await self._render(req)
+            engine_input = await self._render(req, params)
             if req.request_id in self._aborted:  # aborted while its prompt was rendered
                 sink.send(_aborted_output())
                 return
@@ -362,6 +388,7 @@ class LLMStage:
         last_at = 0.0
         n_out = 0
         n_in = 0
+        first_output = True
         async for out in self.engine.generate(engine_input, params, req.request_id):
             now = time.perf_counter()
             if not out.finished and req.request_id in self._aborted:
@@ -377,6 +404,10 @@ class LLMStage:
             text = comp.text
             if not req.stream and not req.exclude_input_in_output:
                 text = (out.prompt or req.prompt or "") + text
+            ids = comp.token_ids
+            if (self.talker is not None and comp.finish_reason == "stop" and ids
+                    and ids[-1] in self.talker.stop_ids):
+                ids = ids[:-1]  # as transformers cuts the codes at the talker's eos
             rows = span = None
             if capture is not None:
                 want = (capture.rows_read if comp.finish_reason == "abort"
@@ -384,15 +415,20 @@ class LLMStage:
                 if req.hidden_states_in_shm:
                     span = await capture.span_until(want)
                     capture.handed_over = True  # the caller reads it and deletes it
+                    if out.finished:  # a talker reading it learns where the reply ends
+                        talker.write_final_rows(capture.path, want)
                 else:
                     rows = await capture.read_until(want)
             if out.finished:  # counted before the final response goes: whoever has it sees them
                 self._count(n_in, n_out, first_at, last_at)
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
                                 num_input_tokens=n_in, num_output_tokens=n_out,
-                                final=out.finished, token_ids=tuple(comp.token_ids),
+                                final=out.finished, token_ids=tuple(ids),
+                                input_token_ids=tuple(out.prompt_token_ids or ())
+                                if req.return_input_token_ids and first_output else None,
                                 hidden=rows, hidden_span=span,
                                 hidden_file=capture.path if span is not None else None))
+            first_output = False
 
     def _count(self, n_in: int, n_out: int, first_at: float | None, last_at: float) -> None:
         self.metrics.tokens(n_in, n_out)

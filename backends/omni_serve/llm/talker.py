@@ -1,0 +1,244 @@
+"""The talker stage's side of Qwen2.5-Omni's talker (runs in the omni_llm stub process).
+
+An omni_llm stage with `"talker": true` in its engine arguments serves the
+checkpoint's own talker (llm/omni_talker.py) from the whole Qwen2.5-Omni
+folder. One talker request names the thinker's hidden-state file
+(`thinker_hidden_states_file`, written by the thinker stage with
+`hidden_states_in_shm`, same host), the thinker's prompt as the engine saw it
+(`prompt_token_ids`, placeholders expanded), the media grids for the 3D
+positions (`image_grid_thw`, `audio_feature_lengths`) and the `speaker`.
+
+`TalkerPrompter.prompt` waits until the thinker has fed its first reply token
+(row `prompt_len`), then builds the prefill exactly as transformers'
+`Qwen2_5OmniForConditionalGeneration.generate` does:
+
+    rows 0..L-1   thinker input embedding (zero at media positions) + hidden state
+    row  L        the speaker's `bos_token` embedding (thinker vocabulary) + codec pad
+    row  L+1      reply token 0's embedding + hidden state + codec bos
+
+with the talker's M-RoPE positions from the model's own `get_rope_index`, and
+the decode steps' inputs described in llm/talker_engine.py. Sampling defaults
+are the checkpoint's (`generate`'s talker_* defaults): stops on codec pad or
+end, never samples codec bos.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_serve.contract import LLM
+from omni_serve.errors import RequestError
+from omni_serve.llm import talker_engine
+
+ARCHITECTURE = "OmniTalkerForConditionalGeneration"  # registered by llm/vllm_models.py
+ENGINE_ARG = "talker"  # engine_args key that makes an omni_llm stage a talker
+SPEAKERS_FILE = "spk_dict.pt"
+# transformers' Qwen2_5OmniForConditionalGeneration.generate talker defaults
+DEFAULT_SAMPLING: dict[str, Any] = {
+    "temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05, "max_tokens": 4096,
+}
+_ROW = np.dtype(np.float32)
+
+
+def engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM engine arguments of a talker stage (the checkpoint folder as `model`).
+
+    vLLM sizes logits, sampling masks and the prompt embeddings from the text
+    config, which for Qwen2.5-Omni is the thinker's: its hidden size is the
+    talker's `embedding_size` (the width of what the talker reads), and its
+    vocabulary is set to the talker's codec vocabulary here.
+    """
+    import json as _json  # noqa: PLC0415
+
+    overrides = dict(args.get("hf_overrides") or {})
+    overrides["architectures"] = [ARCHITECTURE]
+    config = _json.loads((Path(args["model"]) / "config.json").read_text())
+    vocab = config.get("talker_config", {}).get("vocab_size")
+    if vocab:
+        overrides["thinker_config"] = {"text_config": {"vocab_size": int(vocab)}}
+    return {
+        **args,
+        "hf_overrides": overrides,
+        "enable_prompt_embeds": True,
+        "skip_tokenizer_init": True,
+        # a cached block would skip the per-step reply vectors of another request
+        "enable_prefix_caching": False,
+        # the scheduler holds back requests whose next vector is not there yet
+        "async_scheduling": False,
+        "scheduler_cls": talker_engine.SCHEDULER,
+        "worker_extension_cls": talker_engine.EXTENSION,
+    }
+
+
+@dataclass(frozen=True)
+class TalkerInput:
+    """What one talker request carries (parsed in llm/request.py)."""
+
+    source: str  # the thinker's hidden-state file
+    prompt_token_ids: tuple[int, ...]
+    speaker: str | None = None
+    image_grid_thw: np.ndarray | None = None
+    audio_feature_lengths: np.ndarray | None = None
+
+
+def _weights_file(folder: Path, name: str) -> Path:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return folder / json.loads(index.read_text())["weight_map"][name]
+    return folder / "model.safetensors"
+
+
+def _rows(folder: Path, name: str, ids: list[int]):
+    """Rows `ids` of the checkpoint tensor `name`, as float32 (reads only those rows)."""
+    import torch  # noqa: PLC0415
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
+        part = f.get_slice(name)
+        return torch.stack([part[i:i + 1][0] for i in ids]).float().numpy()
+
+
+class _RopeIndex:
+    """transformers' own Qwen2.5-Omni `get_rope_index`, bound to the talker config."""
+
+    def __init__(self, config):
+        from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m  # noqa: PLC0415
+
+        base = m.Qwen2_5OmniPreTrainedModelForConditionalGeneration
+        self.config = config
+        self.spatial_merge_size = config.spatial_merge_size
+        self._index = base.get_rope_index.__get__(self)
+        self.get_llm_pos_ids_for_vision = base.get_llm_pos_ids_for_vision.__get__(self)
+
+    def __call__(self, ids: list[int], grid: np.ndarray | None, audio: np.ndarray | None):
+        import torch  # noqa: PLC0415
+
+        input_ids = torch.tensor([ids])
+        pos, delta = self._index(
+            input_ids, None if grid is None else torch.from_numpy(grid), None,
+            torch.ones_like(input_ids), False,
+            None if audio is None else torch.from_numpy(audio), None)
+        return pos[:, 0].numpy().astype(np.int64), int(delta.reshape(-1)[0])
+
+
+class TalkerPrompter:
+    """Builds talker prompts from the thinker's rows; one per talker stage."""
+
+    def __init__(self, folder: str | Path, stage: str = "talker"):
+        import torch  # noqa: PLC0415
+        from transformers import AutoConfig  # noqa: PLC0415
+
+        self.folder = Path(folder)
+        self.stage = stage
+        config = AutoConfig.from_pretrained(self.folder)
+        talker = getattr(config, "talker_config", None)
+        if talker is None:
+            raise ValueError(f"{self.folder} is not a Qwen2.5-Omni checkpoint with a talker "
+                             "(config.json has no talker_config)")
+        self.config = talker
+        path = self.folder / SPEAKERS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the talker needs the speakers' tokens")
+        speakers = torch.load(path, map_location="cpu", weights_only=True)
+        self.speakers = {name: int(v["bos_token"]) for name, v in speakers.items()}
+        self.default_speaker = "Chelsie" if "Chelsie" in self.speakers else next(iter(self.speakers))
+        names = list(self.speakers)
+        self._bos = dict(zip(names, _rows(self.folder, "thinker.model.embed_tokens.weight",
+                                          [self.speakers[n] for n in names]), strict=True))
+        pad, bos = talker.tts_codec_pad_token_id, talker.tts_codec_start_token_id
+        self._codec_pad, self._codec_bos = _rows(self.folder, "talker.model.embed_tokens.weight",
+                                                 [pad, bos])
+        self.media_ids = {talker.image_token_index, talker.audio_token_index,
+                          talker.video_token_index}
+        self.stop_ids = [pad, talker.tts_codec_end_token_id]
+        self.allowed_ids = [i for i in range(talker.vocab_size) if i != bos]
+        self.width = 2 * talker.embedding_size
+        self._rope = _RopeIndex(talker)
+
+    def sampling(self, requested: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
+        """The request's sampling fields over the checkpoint's defaults."""
+        params = {**DEFAULT_SAMPLING, **requested}
+        if max_model_len:
+            params["max_tokens"] = min(int(params["max_tokens"]), max_model_len)
+        params["stop_token_ids"] = list(self.stop_ids)
+        params["allowed_token_ids"] = list(self.allowed_ids)
+        return params
+
+    def speaker(self, name: str | None) -> str:
+        name = name or self.default_speaker
+        if name not in self.speakers:
+            raise RequestError(LLM.SPEAKER, f"unknown speaker {name!r}; this checkpoint has "
+                                            f"{sorted(self.speakers)}")
+        return name
+
+    async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
+        """(vLLM EmbedsPrompt, the engine feed for SamplingParams.extra_args)."""
+        import torch  # noqa: PLC0415
+
+        speaker = self.speaker(req.speaker)
+        if not talker_engine.valid_source(req.source):
+            raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                               "must be a hidden-state file a thinker stage on this host handed "
+                               f"over (hidden_states_in_shm), got {req.source!r}")
+        n = len(req.prompt_token_ids)
+        rows = await self._wait_rows(req.source, n + 1, timeout_s)
+        embed, hidden = rows[:, : self.width // 2].copy(), rows[:, self.width // 2:]
+        ids = np.asarray(req.prompt_token_ids)
+        embed[:n][np.isin(ids, list(self.media_ids))] = 0.0  # transformers zeroes media rows
+        summed = embed + hidden
+        prefill = np.concatenate([summed[:n], self._bos[speaker][None], summed[n:n + 1]])
+        prefill[-2] += self._codec_pad
+        prefill[-1] += self._codec_bos
+        positions, delta = self._rope([*req.prompt_token_ids, self.speakers[speaker], 0],
+                                      req.image_grid_thw, req.audio_feature_lengths)
+        cfg = self.config
+        prompt = {
+            "prompt_embeds": torch.from_numpy(prefill),
+            # what transformers' repetition penalty sees as the talker's prompt
+            "prompt_token_ids": [cfg.tts_codec_mask_token_id] * n
+            + [cfg.tts_codec_pad_token_id, cfg.tts_codec_start_token_id],
+            "prompt_is_token_ids": [False] * (n + 2),
+        }
+        feed = {"file": req.source, "width": self.width, "prompt_len": n + 2,
+                "positions": positions.tolist(), "delta": delta}
+        return prompt, feed
+
+    async def _wait_rows(self, path: str, rows: int, timeout_s: float) -> np.ndarray:
+        """Rows [0, rows) of the thinker's file once written (polled until the deadline)."""
+        row_bytes = self.width * _ROW.itemsize
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError as e:
+                raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                                   f"{path} does not exist (the thinker request ended?)") from e
+            if size >= rows * row_bytes:
+                break
+            final = talker_engine.final_rows(path)
+            if final is not None and final < rows:
+                raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                                   f"the thinker's reply ended after {final} rows; the talker "
+                                   f"needs {rows} (a reply of at least 2 tokens)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the thinker wrote {size // row_bytes} of the {rows} rows the "
+                                   f"talker's prompt needs within {timeout_s:g} s")
+            await asyncio.sleep(0.002)
+        with open(path, "rb") as f:
+            raw = os.pread(f.fileno(), rows * row_bytes, 0)
+        return np.frombuffer(raw, np.float32).reshape(rows, self.width)
+
+
+def write_final_rows(path: str, rows: int) -> None:
+    """The thinker stage's last word on a handed-over file: how many rows it holds."""
+    tmp = f"{path}{talker_engine.ROWS_SUFFIX}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(rows))
+    os.replace(tmp, path + talker_engine.ROWS_SUFFIX)

@@ -1,0 +1,234 @@
+"""The talker engine's per-step input: the thinker's reply vectors, as they stream in.
+
+Runs in the talker's vLLM engine-core process (on CPU and with one GPU, the
+worker runs there too). Qwen2.5-Omni's talker adds, at every decode step, one
+vector of the thinker's reply (hidden state + input embedding of the next
+reply token), which vLLM has no input for. Two pieces supply it:
+
+- `TalkerScheduler` (the engine's `scheduler_cls`): a running talker request
+  whose next reply vector the thinker has not written yet is left out of the
+  step (it keeps its KV cache; the others in the batch go on), so the talker
+  starts on the first reply tokens and never reads a vector that is not there.
+- `TalkerExtension` (the worker's `worker_extension_cls`): before each forward,
+  it builds, for the step's flattened tokens, the extra vectors
+  (`OmniTalker.omni_extra`) and the request's 3D M-RoPE positions.
+
+Where the vectors come from: the thinker engine's hidden-state capture file
+(llm/hidden_states.py), one row [embedding | hidden] per thinker position, on
+the same host (`/dev/shm`); the thinker stage writes `<file>.rows` with the
+final row count when its request ends. Talker position q (>= the prompt
+length) reads thinker row q - 1; the row just past the last one is the
+text-eos embedding, any later one the text-pad embedding (transformers'
+`thinker_reply_part`).
+
+What a request carries (`SamplingParams.extra_args[EXTRA_ARG]`, set by the
+talker stage, llm/talker.py): file, width, prompt_len, positions (3 lists,
+the prompt's M-RoPE positions) and delta (decode position q has q + delta).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+
+import numpy as np
+
+log = logging.getLogger("vllm.omni_talker")
+
+EXTRA_ARG = "omni_talker"
+SCHEDULER = "omni_serve.llm.talker_engine.TalkerScheduler"
+EXTENSION = "omni_serve.llm.talker_engine.TalkerExtension"
+RPC = "omni_install_talker_feed"
+ROWS_SUFFIX = ".rows"
+IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
+# only capture files of a hidden-states directory (hidden_states.make_directory)
+_SOURCE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
+_ROW = np.dtype(np.float32)
+
+
+def valid_source(path: str) -> bool:
+    return isinstance(path, str) and bool(_SOURCE.match(path)) and ".." not in path
+
+
+def final_rows(path: str) -> int | None:
+    """The thinker's final row count once its request has ended, else None."""
+    try:
+        with open(path + ROWS_SUFFIX) as f:
+            return int(f.read().strip() or "-1")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def rows_written(path: str, width: int) -> int:
+    try:
+        return os.stat(path).st_size // (width * _ROW.itemsize)
+    except FileNotFoundError:
+        return 0
+
+
+def feed_of(request) -> dict | None:
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) or {}
+    feed = extra.get(EXTRA_ARG)
+    return feed if isinstance(feed, dict) else None
+
+
+def vector_ready(feed: dict, position: int) -> bool:
+    """Can talker position `position` be computed now?"""
+    if position < feed["prompt_len"]:
+        return True
+    row = position - 1
+    if row < rows_written(feed["file"], feed["width"]):
+        return True
+    return final_rows(feed["file"]) is not None
+
+
+# --- the scheduler (engine-core process) -------------------------------------------------
+
+def _scheduler_base():
+    from vllm.v1.core.sched.scheduler import Scheduler  # noqa: PLC0415
+
+    return Scheduler
+
+
+class TalkerScheduler(_scheduler_base()):
+    """vLLM's scheduler, minus the running requests still waiting for their next vector."""
+
+    def schedule(self, *args, **kwargs):
+        held = [r for r in self.running if (f := feed_of(r)) and not vector_ready(
+            f, r.num_computed_tokens)]
+        if not held:
+            return super().schedule(*args, **kwargs)
+        ids = {id(r) for r in held}
+        order = list(self.running)
+        self.running = [r for r in order if id(r) not in ids]
+        # the held requests still hold their slots: admit no more than with them
+        saved = self.max_num_running_reqs, self.max_num_active_reqs
+        self.max_num_running_reqs -= len(held)
+        self.max_num_active_reqs -= len(held)
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_running_reqs, self.max_num_active_reqs = saved
+            admitted = [r for r in self.running if r not in order]
+            kept = [r for r in order if r in self.running or id(r) in ids]
+            self.running = kept + admitted
+        if out.total_num_scheduled_tokens == 0 and not self.waiting:
+            time.sleep(IDLE_SLEEP_S)  # all wait on the thinker: do not spin the core
+        return out
+
+
+# --- the worker extension (worker process) -----------------------------------------------
+
+class TalkerExtension:
+    """Mixed into vLLM's Worker class (`worker_extension_cls`)."""
+
+    def omni_install_talker_feed(self) -> str:
+        runner = getattr(self, "model_runner", None)
+        missing = [a for a in ("_model_forward", "execute_model", "input_batch", "requests")
+                   if not hasattr(runner, a)]
+        if missing:
+            return (f"the model runner {type(runner).__name__} has no {', '.join(missing)} "
+                    "(vLLM's V1 GPU/CPU runner is needed)")
+        if not hasattr(runner.model, "tail_embeds"):
+            return f"the model {type(runner.model).__name__} is not the omni talker"
+        if getattr(runner, "_omni_talker_feed", None) is None:
+            runner._omni_talker_feed = _StepFeed(runner)
+            log.info("omni: talker reads the thinker's reply vectors (pid %d)", os.getpid())
+        return ""
+
+
+class _StepFeed:
+    def __init__(self, runner):
+        self.runner = runner
+        self.scheduler_output = None
+        forward, execute = runner._model_forward, runner.execute_model
+
+        def execute_model(scheduler_output, *args, **kwargs):
+            self.scheduler_output = scheduler_output
+            try:
+                return execute(scheduler_output, *args, **kwargs)
+            finally:
+                self.scheduler_output = None
+
+        def _model_forward(*args, **kwargs):
+            if self.scheduler_output is not None:
+                self.prepare(kwargs)
+            return forward(*args, **kwargs)
+
+        runner.execute_model = execute_model
+        runner._model_forward = _model_forward
+
+    def _spans(self):
+        """(feed, first row in the step's batch, tokens, first position) per talker request."""
+        out, offset = [], 0
+        sched = self.scheduler_output
+        computed = {r.req_id: r.num_computed_tokens for r in sched.scheduled_new_reqs}
+        cached = sched.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        for req_id in self.runner.input_batch.req_ids:
+            n = sched.num_scheduled_tokens.get(req_id, 0)
+            feed = feed_of(self.runner.requests.get(req_id))
+            if feed is not None and n:
+                out.append((feed, offset, n, computed[req_id]))
+            offset += n
+        return out
+
+    def prepare(self, kwargs: dict) -> None:
+        import torch  # noqa: PLC0415
+
+        spans = self._spans()
+        if not spans:
+            return
+        model = self.runner.model
+        embeds = kwargs.get("inputs_embeds")
+        rows = embeds.shape[0] if embeds is not None else kwargs["input_ids"].shape[0]
+        extra = torch.zeros(rows, model.tail_embeds.shape[1], dtype=torch.float32)
+        positions = kwargs.get("positions")
+        if positions is not None and positions.ndim == 2:
+            positions = positions.clone()
+        for feed, first, n, start in spans:
+            vectors, pos = reply_vectors(feed, start, n, model.tail_embeds.float().cpu().numpy())
+            extra[first:first + n] = torch.from_numpy(vectors)
+            if positions is not None and positions.ndim == 2:
+                positions[:, first:first + n] = torch.from_numpy(pos).to(positions.device)
+        model.omni_extra = extra.to(model.tail_embeds.device)
+        if positions is not None:
+            kwargs["positions"] = positions
+
+
+def reply_vectors(feed: dict, start: int, n: int, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(extra [n, E] float32, positions [3, n] int64) of talker positions start..start+n-1."""
+    width, prompt_len = feed["width"], feed["prompt_len"]
+    half = width // 2
+    extra = np.zeros((n, half), np.float32)
+    pos = np.empty((3, n), np.int64)
+    prompt = np.asarray(feed["positions"], np.int64)
+    for k, q in enumerate(range(start, start + n)):
+        if q < prompt_len:
+            pos[:, k] = prompt[:, q]
+        else:
+            pos[:, k] = q + feed["delta"]
+    decode = [q for q in range(start, start + n) if q >= prompt_len]
+    if decode:
+        final = final_rows(feed["file"])
+        have = rows_written(feed["file"], width) if final is None else final
+        wanted = [q - 1 for q in decode if q - 1 < have]
+        data = None
+        if wanted:
+            with open(feed["file"], "rb") as f:
+                lo, hi = wanted[0], wanted[-1] + 1
+                raw = os.pread(f.fileno(), (hi - lo) * width * _ROW.itemsize, lo * width * _ROW.itemsize)
+            data = np.frombuffer(raw, np.float32).reshape(-1, width)
+            data = data[:, :half] + data[:, half:]
+        for q in decode:
+            k, row = q - start, q - 1
+            if row < have:
+                extra[k] = data[row - wanted[0]]
+            elif final is not None:
+                extra[k] = tail[0] if row == final else tail[1]
+            else:
+                log.error("omni: talker position %d ran before thinker row %d arrived", q, row)
+                extra[k] = tail[1]
+    return extra, pos
