@@ -7,8 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from safetensors.torch import load_file, save_file
 
+from omni_tools import checkpoint
 from omni_tools import tiny_models as tm
 from omni_tools.gen_repo import main
 
@@ -42,7 +44,7 @@ def test_every_stage_reads_its_part_of_the_one_folder(omni_dir, tmp_path, capsys
     for stage in ("llm", "image_encoder", "audio_encoder"):
         engine = json.loads((repo / stage / "engine.json").read_text())
         assert engine["model"] == str(omni_dir), stage
-    # the tiny model's own speech path is not the checkpoint's: left out, and so its roles
+    # the tiny model's own talker is not the checkpoint's: left out with the audio decoder, roles too
     assert not (repo / "talker").exists() and not (repo / "audio_decoder").exists()
     roles = json.loads((repo / "omni" / "engine.json").read_text())["stages"]
     assert "talker" not in roles and "audio_decoder" not in roles
@@ -73,3 +75,21 @@ def test_model_needs_a_preset(omni_dir, tmp_path, capsys):
     spec.write_text("pipeline: x\nstages: {}\n")
     code, text = run([spec, "--model", omni_dir, "--check"], capsys)
     assert code == 2 and "--model goes with --preset" in text
+
+
+def _preset_with_the_checkpoint_talker(omni_dir: Path) -> dict:
+    """omni-chat's stages, its talker also reading the preset's own checkpoint (as the real talker will)."""
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "model_repository" / "specs"
+                           / "omni-chat.yaml").read_text())
+    data["stages"]["talker"]["model"] = data["stages"]["llm"]["model"]
+    return data
+
+
+def test_the_audio_decoder_reads_the_checkpoint_token2wav_and_voices(omni_dir, tmp_path):
+    data, problems = checkpoint.point_preset_at(_preset_with_the_checkpoint_talker(omni_dir), omni_dir)
+    assert problems == [] and data["stages"]["audio_decoder"]["model"] == str(omni_dir)
+    assert data["stages"]["omni"]["engine_args"]["stages"]["audio_decoder"] == "audio_decoder"
+    folder = _copy_without(omni_dir, tmp_path / "ckpt", "token2wav.", "spk_dict.pt")
+    _, problems = checkpoint.point_preset_at(_preset_with_the_checkpoint_talker(omni_dir), folder)
+    assert problems == [f"{folder}: no token2wav.* weights, which the audio_decoder stage needs",
+                        f"{folder}: no spk_dict.pt, which the audio_decoder stage needs"]

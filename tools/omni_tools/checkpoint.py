@@ -17,7 +17,10 @@ PARTS = {
     "thinker": ("thinker.model.", ("tokenizer_config.json",)),
     "image_encoder": ("thinker.visual.", ("preprocessor_config.json",)),
     "audio_encoder": ("thinker.audio_tower.", ("preprocessor_config.json",)),
+    "audio_decoder": ("token2wav.", ("spk_dict.pt",)),
 }
+# Speech needs both: a preset keeps them together or leaves both out.
+SPEECH_ROLES = ("talker", "audio_decoder")
 
 
 def tensor_names(folder: Path) -> set[str]:
@@ -35,7 +38,7 @@ def tensor_names(folder: Path) -> set[str]:
 
 
 def problems(folder: Path, roles: list[str]) -> list[str]:
-    """What keeps `folder` from serving `roles` (thinker, image_encoder, audio_encoder)."""
+    """What keeps `folder` from serving `roles` (thinker, image_encoder, audio_encoder, audio_decoder)."""
     config_path = folder / "config.json"
     if not config_path.is_file():
         return [f"{folder}: no config.json (not a checkpoint folder)"]
@@ -61,9 +64,11 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
 
     Stages that read the preset's own checkpoint (the thinker's `model`) read
     `folder`. Stages that read other parts of the preset's tiny model (the
-    tiny speech path: its look-alike talker and Token2Wav) are left out with
-    their orchestrator roles: a request for audio out then fails clearly
-    ("no talker") until the checkpoint's own talker is served.
+    tiny speech path: its look-alike talker) are left out with their
+    orchestrator roles, and the rest of the speech pair with them (the audio
+    decoder reads the checkpoint's Token2Wav, but alone it has no codes): a
+    request for audio out then fails clearly ("no talker") until the
+    checkpoint's own talker is served.
     """
     stages = data["stages"]
     orchestrators = [n for n, s in stages.items() if s["backend"] == "omni_orchestrator"]
@@ -78,6 +83,9 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
     dropped = [n for n, s in stages.items()
                if isinstance(s.get("model"), str) and s["model"] != own
                and s["model"].startswith(own.rstrip("/") + "/")]
+    speech = [roles.get(role) for role in SPEECH_ROLES if isinstance(roles.get(role), str)]
+    if any(name in dropped for name in speech):
+        dropped += [name for name in speech if name not in dropped and name in stages]
     for name, stage in stages.items():
         if stage.get("model") == own:
             stage["model"] = str(folder)
