@@ -631,7 +631,7 @@ def build_talker(out: Path, *, text_vocab: int, codec_vocab: int = OMNI_CODEC_VO
     (out / TALKER_CODEC_FILE).write_text(json.dumps(codec, indent=2) + "\n")
 
 
-@register("qwen2.5-omni-tiny", version=2,
+@register("qwen2.5-omni-tiny", version=3,
           description="Qwen2.5-Omni (thinker with vision+audio towers, talker, Token2Wav), hub layout")
 def _build_qwen25_omni_tiny(out: Path) -> None:
     """The folder is a whole `Qwen2_5OmniForConditionalGeneration` checkpoint as the hub ships

@@ -300,6 +300,24 @@ def tiny_omni_config(thinker_config: Any) -> Any:
     return config
 
 
+def quiet_non_audio_codes(talker: Any, audio_codes: int) -> None:
+    """Zero the talker's codec-head rows of ids that are neither audio codes nor its stops.
+
+    A real talker never emits them (Token2Wav has no embedding for them); a
+    random one would, about one step in nine. With zero rows their logit is 0
+    while the audio codes' spread around it (std ~4), so greedy and sampled
+    decoding keep to audio codes, codec pad and codec end, as a trained one.
+    """
+    import torch
+
+    cfg = talker.config
+    keep = set(range(audio_codes)) | {cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id}
+    with torch.no_grad():
+        for i in range(cfg.vocab_size):
+            if i not in keep:
+                talker.codec_head.weight[i].zero_()
+
+
 def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = tm.DEFAULT_SEED) -> None:
     """Write a tiny Qwen2_5OmniForConditionalGeneration checkpoint into `out`, in the hub layout.
 
@@ -334,6 +352,7 @@ def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = tm.DEFA
     del thinker
     token2wav = Qwen2_5OmniToken2WavModel.from_pretrained(token2wav_dir)
     model.token2wav.load_state_dict(token2wav.state_dict())
+    quiet_non_audio_codes(model.talker, TINY_CODEC_CODES)
     model.save_pretrained(out, safe_serialization=True)
     vocab = config.thinker_config.text_config.vocab_size
     voices = load_file(str(Path(token2wav_dir) / SPEAKERS_FILE))
