@@ -17,6 +17,7 @@ PARTS = {
     "thinker": ("thinker.model.", ("tokenizer_config.json",)),
     "image_encoder": ("thinker.visual.", ("preprocessor_config.json",)),
     "audio_encoder": ("thinker.audio_tower.", ("preprocessor_config.json",)),
+    "talker": ("talker.model.", ("spk_dict.pt",)),
     "audio_decoder": ("token2wav.", ("spk_dict.pt",)),
 }
 # Speech needs both: a preset keeps them together or leaves both out.
@@ -63,12 +64,11 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
     """The preset's spec data with its checkpoint replaced by `folder`, and the problems.
 
     Stages that read the preset's own checkpoint (the thinker's `model`) read
-    `folder`. Stages that read other parts of the preset's tiny model (the
-    tiny speech path: its look-alike talker) are left out with their
-    orchestrator roles, and the rest of the speech pair with them (the audio
-    decoder reads the checkpoint's Token2Wav, but alone it has no codes): a
-    request for audio out then fails clearly ("no talker") until the
-    checkpoint's own talker is served.
+    `folder`; stages that read other parts of the preset's tiny model are left
+    out with their orchestrator roles. A folder without the speech parts (no
+    talker.* or token2wav.* weights, no spk_dict.pt, e.g. a thinker-only
+    export) serves text: the talker and audio decoder are left out together
+    and a request for audio out fails clearly ("no talker").
     """
     stages = data["stages"]
     orchestrators = [n for n, s in stages.items() if s["backend"] == "omni_orchestrator"]
@@ -84,6 +84,9 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
                if isinstance(s.get("model"), str) and s["model"] != own
                and s["model"].startswith(own.rstrip("/") + "/")]
     speech = [roles.get(role) for role in SPEECH_ROLES if isinstance(roles.get(role), str)]
+    speech_roles = [role for role in SPEECH_ROLES if roles.get(role) in stages]
+    if speech_roles and problems(folder, speech_roles) and not problems(folder, ["thinker"]):
+        dropped += speech  # no speech parts in this folder: serve text
     if any(name in dropped for name in speech):
         dropped += [name for name in speech if name not in dropped and name in stages]
     for name, stage in stages.items():
@@ -96,7 +99,6 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
         for role, target in list(engine_roles.items()):
             if target in dropped:
                 del engine_roles[role]
-        stages[orch]["engine_args"].pop("codec", None)
     used = [role for role in PARTS
             if role == "thinker" or roles.get(role) in stages]
     return data, problems(folder, used)

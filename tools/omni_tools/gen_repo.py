@@ -167,7 +167,20 @@ def _resolve_model(spec: PipelineSpec, name: str, stage: StageSpec) -> Path:
     return path
 
 
-TALKER_CODEC_FILE = "omni_talker.json"
+def _decoder_context(folder: Path) -> dict[str, int]:
+    """The chunk context the audio decoder's checkpoint needs (see dit_context_codes)."""
+    from omni_serve.audio.request import dit_context_codes  # noqa: PLC0415
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    t2w = config.get("token2wav_config", config)
+    if "dit_config" not in t2w:
+        return {}
+    ctx = dit_context_codes(t2w["dit_config"], t2w.get("bigvgan_config"))
+    return {"left_context_codes": ctx.left, "right_context_codes": ctx.right,
+            "align_codes": ctx.align}
 
 
 def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
@@ -192,14 +205,10 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
     if talker and "tokenizer" not in engine and isinstance(thinker, str) and thinker in models:
         # task "speech" tokenizes the text to read with the thinker's tokenizer
         engine["tokenizer"] = models[thinker]
-    if talker and "codec" not in engine and talker in models:
-        codec_file = Path(models[talker]) / TALKER_CODEC_FILE
-        try:
-            engine["codec"] = json.loads(codec_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise SpecError(spec.source, [
-                f"stages.{name}.engine_args.codec: required because the talker checkpoint "
-                f"has no readable {codec_file} ({e}); give offset, size, bos and eos"]) from None
+    decoder = (engine.get("stages") or {}).get("audio_decoder")
+    if decoder and decoder in models:
+        for key, value in _decoder_context(Path(models[decoder])).items():
+            engine.setdefault(key, value)
     if talker and "speakers" not in engine:
         speakers = _checkpoint_speakers(spec, name, engine, models)
         if speakers is not None:

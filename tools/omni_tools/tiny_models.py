@@ -592,63 +592,25 @@ def _build_qwen25_05b_random(out: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# omni-chat: Qwen2.5-Omni thinker (+ its LM for vLLM), a talker, Token2Wav
+# omni-chat: the whole Qwen2.5-Omni (thinker, talker, Token2Wav)
 # --------------------------------------------------------------------------
 
 OMNI_CODEC_VOCAB = 512
-TALKER_CODEC_FILE = "omni_talker.json"
 
 
-def build_talker(out: Path, *, text_vocab: int, codec_vocab: int = OMNI_CODEC_VOCAB,
-                 seed: int = DEFAULT_SEED) -> None:
-    """An AR talker on vLLM: a Qwen2ForCausalLM reading the thinker's reply tokens.
-
-    Its vocabulary is the thinker's text vocabulary, then `codec_vocab` codec
-    ids, then codec-bos and codec-eos (the CosyVoice 2 layout: text tokens
-    in, speech tokens out). A prompt is the reply's token ids + codec-bos;
-    the orchestrator restricts sampling to the codec ids and eos, and reads
-    the codec layout from omni_talker.json.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
-
-    offset = text_vocab
-    bos, eos = offset + codec_vocab, offset + codec_vocab + 1
-    config = Qwen2Config(
-        vocab_size=_round_up(eos + 1, 64), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        hidden_act="silu", rms_norm_eps=1e-6, use_sliding_window=False, max_window_layers=2,
-        max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, dtype="float32",
-        bos_token_id=bos, eos_token_id=eos, pad_token_id=eos,
-    )
-    config.architectures = ["Qwen2ForCausalLM"]
-    torch.manual_seed(seed + 7)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    model.save_pretrained(out, safe_serialization=True)
-    GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=eos).save_pretrained(out)
-    codec = {"offset": offset, "size": codec_vocab, "bos": bos, "eos": eos}
-    (out / TALKER_CODEC_FILE).write_text(json.dumps(codec, indent=2) + "\n")
-
-
-@register("qwen2.5-omni-tiny", version=3,
+@register("qwen2.5-omni-tiny", version=4,
           description="Qwen2.5-Omni (thinker with vision+audio towers, talker, Token2Wav), hub layout")
 def _build_qwen25_omni_tiny(out: Path) -> None:
     """The folder is a whole `Qwen2_5OmniForConditionalGeneration` checkpoint as the hub ships
     one (config.json, model.safetensors with thinker.*/talker.*/token2wav.*, spk_dict.pt,
-    tokenizer and processor files): the thinker engine and the encoders read it.
-
-    Until the real talker is served, the speech path reads two parts of its own:
-    talker/ (a Qwen2ForCausalLM, the reply's text tokens in, codec ids out) and
-    token2wav/ (the same Token2Wav weights and voices in the audio stage's layout).
+    tokenizer and processor files): every omni-chat stage reads its part of it.
+    token2wav/ is the Token2Wav the builder draws first (also in the audio stage's
+    stand-alone layout).
     """
     from omni_tools import tiny_omni, tiny_token2wav
 
     tiny_token2wav.build_token2wav(out / "token2wav", codec_vocab=OMNI_CODEC_VOCAB)
     tiny_omni.build_omni_checkpoint(out, token2wav_dir=out / "token2wav")
-    text_vocab = json.loads((out / "config.json").read_text())["thinker_config"]["text_config"][
-        "vocab_size"]
-    build_talker(out / "talker", text_vocab=text_vocab)
 
 
 # --------------------------------------------------------------------------

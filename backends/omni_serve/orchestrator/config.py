@@ -26,17 +26,6 @@ OPENAI_VOICE_MAP: dict[str, str] = {
 }
 
 
-class TalkerCodec(BaseModel):
-    """Where the talker's codec tokens live in its vocabulary (from the talker checkpoint)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    offset: int = Field(ge=0, description="token id of codec 0")
-    size: int = Field(ge=2, description="number of codec ids the audio stage accepts")
-    bos: int = Field(ge=0, description="token id that starts the codec part of a talker prompt")
-    eos: int = Field(ge=0, description="token id that ends a talker reply")
-
-
 class StageRoles(BaseModel):
     """Triton model names of the stages; a missing role disables what needs it.
 
@@ -117,7 +106,6 @@ class OrchestratorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     stages: StageRoles
-    codec: TalkerCodec | None = None
     mode: Mode = "pipelined"
     # How stages are called: "grpc" (Triton gRPC; this server's own endpoint,
     # read from its command line, unless `triton_url` names another) or "bls"
@@ -134,18 +122,14 @@ class OrchestratorConfig(BaseModel):
     system_prompt: str = QWEN_OMNI_SYSTEM_PROMPT
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
-    # Speech: the thinker's reply goes to the talker in segments of
-    # `segment_tokens` tokens (the first one `first_segment_tokens`, so speech
-    # starts early); each segment's codec tokens go to the audio decoder in
-    # chunks of `chunk_codes` (the first `first_chunk_codes`) with at least
+    # Speech: the talker's codes go to the audio decoder in chunks of
+    # `chunk_codes` (the first `first_chunk_codes`) with at least
     # `left_context_codes` codes of left context aligned to `align_codes` and
-    # `right_context_codes` of right context. For Qwen2.5-Omni's Token2Wav one
-    # DiT attention block is 12 codes: 12/12/12 keeps chunked audio within
-    # ~40 dB of decoding the whole segment at once (0/0/1: ~10 dB).
-    first_segment_tokens: int = Field(default=8, ge=1)
-    segment_tokens: int = Field(default=24, ge=1)
-    talker_codes_per_token: float = Field(default=4.0, gt=0)
-    talker_min_codes: int = Field(default=8, ge=1)
+    # `right_context_codes` of right context. omni-gen-repo sets the three from
+    # the checkpoint (omni_serve.audio.request.dit_context_codes: the DiT's block
+    # attention over one solver pass, and BigVGAN's field), which keeps chunked
+    # audio within ~93 dB of one whole decode on the tiny default; the defaults
+    # here are Qwen2.5-Omni-7B's.
     # The talker's sampling defaults: Qwen2.5-Omni's (transformers'
     # Qwen2_5OmniForConditionalGeneration.generate talker_* defaults); a
     # request's talker_sampling_parameters override them key by key.
@@ -160,15 +144,13 @@ class OrchestratorConfig(BaseModel):
     # always send one get a voice of this checkpoint.
     speakers: list[str] | None = None
     voice_map: dict[str, str] = Field(default_factory=lambda: dict(OPENAI_VOICE_MAP))
-    # Pipelined mode: how many reply segments may be with the talker at once
-    # (vLLM batches them) and decoder chunks in flight per request (Triton
-    # batches them); audio still goes out in order.
-    parallel_segments: int = Field(default=4, ge=1)
+    # Pipelined mode: decoder chunks in flight per request (Triton batches
+    # them); audio still goes out in order.
     parallel_chunks: int = Field(default=4, ge=1)
     first_chunk_codes: int = Field(default=12, ge=1)
     chunk_codes: int = Field(default=24, ge=1)
-    left_context_codes: int = Field(default=12, ge=0)
-    right_context_codes: int = Field(default=12, ge=0)
+    left_context_codes: int = Field(default=41, ge=0)
+    right_context_codes: int = Field(default=40, ge=0)
     align_codes: int = Field(default=12, ge=1)
     # Image output: the DiT gets the thinker's reply as its prompt.
     image_size: int = Field(default=64, ge=16)
@@ -187,8 +169,6 @@ class OrchestratorConfig(BaseModel):
         speech = (self.stages.talker, self.stages.audio_decoder)
         if any(speech) and not all(speech):
             raise ValueError("stages.talker and stages.audio_decoder go together (speech needs both)")
-        if self.stages.talker and self.codec is None:
-            raise ValueError("codec is required when stages.talker is set")
         if self.remote and self.transport != "grpc":
             raise ValueError("remote stages need transport grpc")
         self._check_voices()

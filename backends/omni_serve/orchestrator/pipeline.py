@@ -4,21 +4,20 @@ Flow of one request (pipelined mode):
 
     media --> image/audio encoders (concurrently) --> image rows, audio features
     text + media --> thinker (streamed) --> text deltas to the client
-                       |  every few tokens: a segment of reply token ids
+                       |  its hidden states, in a /dev/shm file (speech only)
                        v
-                    talker (streamed, one segment after another) --> codec codes
-                       |  every few codes: a chunk with left context
-                       v
-                    audio decoder (one call per chunk) --> PCM chunks to the client
+                    speech (orchestrator/speech.py): Qwen2.5-Omni's talker reads
+                    them as they are written; Token2Wav voices its codes chunk
+                    by chunk --> PCM chunks to the client
     whole reply --> image generator (when "image" is asked for) --> PNG
 
-The talker works on segment k while the thinker writes segment k+1, and the
-decoder voices chunk j while the talker samples chunk j+1, so the first audio
-comes long before the text is finished. In sequential mode every stage waits
-for the previous one to finish (the baseline of tools/bench_omni.py).
+The talker starts on the thinker's first two reply tokens and the decoder on
+the talker's first codes, so the first audio comes long before the text is
+finished. In sequential mode every stage waits for the previous one to
+finish (the baseline of tools/bench_omni.py).
 
-Stages are reached through a `StageClient` (BLS inside Triton; anything with
-the same three calls in tests). A failing stage ends the request with a
+Stages are reached through a `StageClient` (Triton gRPC by default; anything
+with the same two calls in tests). A failing stage ends the request with a
 StageFailedError naming it; cancelling the task cancels every child stream.
 """
 from __future__ import annotations
@@ -27,39 +26,33 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from omni_serve.audio.request import chunk_plan
-from omni_serve.contract import AUDIO, DIT, ENCODER, LLM
+from omni_serve.contract import DIT, ENCODER, LLM
 from omni_serve.errors import StageFailedError
 from omni_serve.orchestrator.config import OrchestratorConfig
+from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the adapter)
+    AudioChunk,
+    CodecIds,
+    Event,
+    Final,
+    ImageOut,
+    TextDelta,
+    Timings,
+)
 from omni_serve.orchestrator.request import OmniRequest, Turn
 from omni_serve.orchestrator.routing import EngineRouter
+from omni_serve.orchestrator.speech import THINKER_INPUTS, THINKER_OUTPUTS, Speech, ThinkerRows
 
 log = logging.getLogger(__name__)
 
 # Qwen2.5-Omni's prompt spans for media (the thinker's tokenizer has these tokens).
 AUDIO_SPAN = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
 IMAGE_SPAN = ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One decoder request: `codes` = left context + the codes voiced + right context."""
-
-    segment: int
-    codes: list[int]
-    context: int
-    lookahead: int
-    offset: int  # position of codes[0] in its segment
-    end: int  # one past the last code voiced, in its segment
 
 
 def _first_error(group: BaseExceptionGroup) -> BaseException:
@@ -91,82 +84,6 @@ class StageClient(Protocol):
 
     def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
                request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]: ...
-
-
-# --- events sent back to the client ----------------------------------------------------
-
-@dataclass
-class TextDelta:
-    text: str
-
-
-@dataclass
-class AudioChunk:
-    pcm: np.ndarray
-    sample_rate: int
-
-
-@dataclass
-class ImageOut:
-    png: bytes
-
-
-@dataclass
-class CodecIds:
-    """The talker's codec ids of the reply so far (sent with `return_codec_ids`)."""
-
-    ids: list[int]
-
-
-@dataclass
-class Final:
-    finish_reason: str
-    metrics: dict[str, Any]
-
-
-Event = TextDelta | AudioChunk | ImageOut | CodecIds | Final
-
-
-@dataclass
-class Timings:
-    """Per-request timings: what the final response's `metrics` JSON reports."""
-
-    start: float = field(default_factory=time.perf_counter)
-    first_text: float | None = None
-    first_audio: float | None = None
-    audio_start: float | None = None
-    audio_end: float | None = None
-    audio_seconds: float = 0.0
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    prompt_tokens: int = 0  # the thinker's (or, reading aloud, the text's) tokens
-    completion_tokens: int = 0  # the thinker's reply tokens
-    thinker_model: str | None = None  # the thinker engine that served the request
-    passed_over: list[str] = field(default_factory=list)  # thinker engines found down
-
-    def add(self, role: str, seconds: float) -> None:
-        self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
-
-    def report(self) -> dict[str, Any]:
-        now = time.perf_counter()
-        out: dict[str, Any] = {
-            "total_s": round(now - self.start, 6),
-            "time_to_first_token_s": None if self.first_text is None else
-            round(self.first_text - self.start, 6),
-            "time_to_first_audio_s": None if self.first_audio is None else
-            round(self.first_audio - self.start, 6),
-            "audio_seconds": round(self.audio_seconds, 6),
-            "audio_rtf": None,
-            "stage_seconds": {k: round(v, 6) for k, v in self.stage_seconds.items()},
-            "usage": {"prompt_tokens": self.prompt_tokens,
-                      "completion_tokens": self.completion_tokens},
-        }
-        if self.thinker_model is not None:
-            out["thinker_model"] = self.thinker_model
-        if self.passed_over:
-            out["thinker_passed_over"] = list(self.passed_over)
-        if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
-            out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
-        return out
 
 
 def _bytes_tensor(value: str | bytes) -> np.ndarray:
@@ -249,28 +166,39 @@ class OmniPipeline:
     async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
         """Run one request, emitting events; raises on failure (the caller reports it)."""
         t = Timings()
+        rows = ThinkerRows() if req.wants_audio else None
+        media: dict[str, np.ndarray] = {}
+        prompt = reply_ids = None
         if req.task == "speech":
-            await self._read_aloud(req, emit, t)
-            emit(Final("stop", t.report()))
-            return
-        media, prompt = await self._encode(req, t)
-        speech = "audio" in req.modalities
-        sequential = self.cfg.mode == "sequential"
-        segments: asyncio.Queue | None = asyncio.Queue() if speech else None
+            prompt_part, reply_ids = await self._read_aloud_prompt(req)
+            rows.prompt_ids = prompt_part  # the talker's prompt ends where the text starts
+        else:
+            media, prompt = await self._encode(req, t)
+        speech = rows is not None
         try:
             # one task group: a failing talker or decoder cancels the thinker and back
             async with asyncio.TaskGroup() as tg:
-                think = tg.create_task(self._think(req, prompt, media, emit, segments, t))
-                if speech and not sequential:
-                    tg.create_task(self._speak(req, segments, emit, t))
+                think = tg.create_task(self._think(req, prompt, media, emit, rows, t, reply_ids))
+                if speech:
+                    tg.create_task(Speech(self.cfg, self, req, media, emit, t).run(rows))
             reply, finish = think.result()
-            if speech and sequential:
-                await self._speak(req, segments, emit, t)
             if "image" in req.modalities:
                 emit(ImageOut(await self._draw(req, reply, t)))
         except ExceptionGroup as group:
             raise _first_error(group) from None
+        finally:
+            if rows is not None:
+                rows.remove()
         emit(Final(finish, t.report()))
+
+    # the speech path's stage calls (speech.StageCalls)
+    def stream(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+               request_id: str, timings: Timings) -> AsyncIterator[dict[str, np.ndarray]]:
+        return self._stream(role, inputs, outputs, request_id, timings)
+
+    async def infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                    timings: Timings) -> dict[str, np.ndarray]:
+        return await self._infer(role, inputs, outputs, timings)
 
     # --- encoders --------------------------------------------------------------------
     async def _encode(self, req: OmniRequest, t: Timings) -> tuple[dict[str, np.ndarray], str]:
@@ -302,51 +230,59 @@ class OmniPipeline:
         return media, prompt
 
     # --- thinker ---------------------------------------------------------------------
-    async def _think(self, req: OmniRequest, prompt: str, media: dict[str, np.ndarray],
-                     emit: Callable[[Event], None], segments: asyncio.Queue | None,
-                     t: Timings) -> tuple[str, str]:
+    async def _think(self, req: OmniRequest, prompt: str | None, media: dict[str, np.ndarray],
+                     emit: Callable[[Event], None], rows: ThinkerRows | None, t: Timings,
+                     prompt_ids: list[int] | None = None) -> tuple[str, str]:
+        """The thinker's reply (streamed out as text deltas) and its finish reason.
+
+        With speech, its rows stay in a /dev/shm file (`rows`) for the talker;
+        with `prompt_ids` (reading aloud) the prompt is those ids and nothing is
+        generated: the text to read is already their last part.
+        """
         sampling = {**self.cfg.thinker_sampling, **req.sampling}
+        if prompt_ids is not None:
+            sampling = {"max_tokens": 1, "temperature": 0.0}
         inputs = {
-            LLM.TEXT_INPUT: _bytes_tensor(prompt),
             LLM.STREAM: np.array([True]),
             LLM.SAMPLING_PARAMETERS: _bytes_tensor(json.dumps(sampling)),
             LLM.RETURN_FINISH_REASON: np.array([True]),
-            LLM.RETURN_TOKEN_IDS: np.array([True]),
             LLM.RETURN_NUM_INPUT_TOKENS: np.array([True]),
             LLM.RETURN_NUM_OUTPUT_TOKENS: np.array([True]),
         }
+        if prompt_ids is not None:
+            inputs[LLM.PROMPT_TOKEN_IDS] = np.array(prompt_ids, dtype=np.int64)
+        else:
+            inputs[LLM.TEXT_INPUT] = _bytes_tensor(prompt)
+        if rows is not None:
+            inputs.update(THINKER_INPUTS)
         inputs.update(media)
-        pending: list[int] = []
-        limit = self.cfg.first_segment_tokens
         text: list[str] = []
         finish = ""
-        async with contextlib.aclosing(self._thinker_stream(req, inputs, t)) as responses:
-            async for out in responses:
-                t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
-                # streamed: each response carries the running count of reply tokens
-                t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
-                                                 t.completion_tokens))
-                delta = _first(out.get(LLM.TEXT_OUTPUT), "")
-                if delta:
-                    if t.first_text is None:
-                        t.first_text = time.perf_counter()
-                    text.append(delta)
-                    emit(TextDelta(delta))
-                finish = _first(out.get(LLM.FINISH_REASON), "") or finish
-                if segments is not None:
-                    ids = out.get(LLM.TOKEN_IDS)
-                    if ids is not None:
-                        pending.extend(int(i) for i in np.asarray(ids).reshape(-1))
-                    # Cut at exact sizes: a response may carry several tokens (the stage
-                    # merges outputs while its sender is busy), and the talker's input,
-                    # so the speech for a given seed, must not depend on that timing.
-                    while len(pending) >= limit:
-                        segments.put_nowait(pending[:limit])
-                        pending, limit = pending[limit:], self.cfg.segment_tokens
-        if segments is not None:
-            if pending:
-                segments.put_nowait(pending)
-            segments.put_nowait(None)  # the reply is complete
+        try:
+            async with contextlib.aclosing(self._thinker_stream(req, inputs, t)) as responses:
+                async for out in responses:
+                    t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
+                    # streamed: each response carries the running count of reply tokens
+                    t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
+                                                     t.completion_tokens))
+                    finish = _first(out.get(LLM.FINISH_REASON), "") or finish
+                    if rows is not None:
+                        if prompt_ids is not None:  # the text's own tokens are the reply
+                            out = {**out, LLM.NUM_OUTPUT_TOKENS: np.array([2])}
+                        rows.update(out)
+                    if prompt_ids is not None:
+                        continue
+                    delta = _first(out.get(LLM.TEXT_OUTPUT), "")
+                    if delta:
+                        if t.first_text is None:
+                            t.first_text = time.perf_counter()
+                        text.append(delta)
+                        emit(TextDelta(delta))
+        finally:
+            if rows is not None:
+                rows.finish()
+        if prompt_ids is not None:
+            return req.text, "stop"
         return "".join(text), finish
 
     async def _thinker_stream(self, req: OmniRequest, inputs: dict[str, np.ndarray],
@@ -357,8 +293,8 @@ class OmniPipeline:
         down and the request goes to the next engine (nothing was emitted
         yet); once it has answered, its failures end the request.
         """
-        outputs = [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.TOKEN_IDS,
-                   LLM.NUM_INPUT_TOKENS, LLM.NUM_OUTPUT_TOKENS]
+        outputs = [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.NUM_INPUT_TOKENS,
+                   LLM.NUM_OUTPUT_TOKENS, *THINKER_OUTPUTS]
         tried: list[str] = []
         while True:
             with self.thinkers.route(req.session_id, exclude=tried) as engine:
@@ -386,152 +322,16 @@ class OmniPipeline:
                                 "engine", e, self.thinkers.retry_after_s, req.request_id)
 
     # --- reading text aloud (task "speech") ---------------------------------------------
-    async def _read_aloud(self, req: OmniRequest, emit: Callable[[Event], None], t: Timings) -> None:
-        """Voice `req.text` itself: its thinker token ids go to the talker in segments."""
+    async def _read_aloud_prompt(self, req: OmniRequest) -> tuple[list[int], list[int]]:
+        """(chat prompt ids, those + the text's ids): the thinker's prompt for voicing
+        `req.text` itself, a chat turn whose reply is the text, so the talker reads it
+        as if the thinker had written it."""
         if self.tokenize is None:
             raise StageFailedError("talker", self.cfg.stages.talker or "",
                                    "no thinker tokenizer is loaded to read text aloud",
                                    "UNAVAILABLE")
-        ids = list(self.tokenize(req.text))
-        t.prompt_tokens = len(ids)
-        segments: asyncio.Queue = asyncio.Queue()
-        first = self.cfg.first_segment_tokens
-        for start in (0, *range(first, len(ids), self.cfg.segment_tokens)):
-            size = first if start == 0 else self.cfg.segment_tokens
-            if ids[start:start + size]:
-                segments.put_nowait(ids[start:start + size])
-        segments.put_nowait(None)
-        await self._speak(req, segments, emit, t)
-
-    # --- talker + audio decoder ------------------------------------------------------
-    async def _speak(self, req: OmniRequest, segments: asyncio.Queue,
-                     emit: Callable[[Event], None], t: Timings) -> None:
-        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
-        if self.cfg.mode == "sequential":  # every talker call, then every decoder call
-            chunks: list[Chunk] = []
-            index = 0
-            while (segment := await segments.get()) is not None:
-                t.audio_start = t.audio_start or time.perf_counter()
-                chunks.extend([chunk async for chunk in self._talk(req, segment, index, t)])
-                index += 1
-            for chunk in chunks:
-                self._emit_audio(await self._decode(req, chunk, seed, t), emit, t)
-            return
-        # pipelined: segments talk concurrently (vLLM batches them), chunks decode
-        # concurrently (Triton batches them); audio still goes out in order.
-        order: asyncio.Queue = asyncio.Queue()  # per segment, in order: its queue of decodes
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._talk_segments(req, segments, order, seed, tg, t))
-                while (decodes := await order.get()) is not None:
-                    while (decode := await decodes.get()) is not None:
-                        self._emit_audio(await decode, emit, t)
-        except ExceptionGroup as group:
-            raise _first_error(group) from None
-
-    async def _talk_segments(self, req: OmniRequest, segments: asyncio.Queue, order: asyncio.Queue,
-                             seed: int, tg: asyncio.TaskGroup, t: Timings) -> None:
-        talkers = asyncio.Semaphore(self.cfg.parallel_segments)
-        decoders = asyncio.Semaphore(self.cfg.parallel_chunks)
-        index = 0
-        while (segment := await segments.get()) is not None:
-            t.audio_start = t.audio_start or time.perf_counter()
-            decodes: asyncio.Queue = asyncio.Queue()
-            order.put_nowait(decodes)
-            await talkers.acquire()
-            tg.create_task(self._talk_segment(req, segment, index, decodes, seed, talkers, decoders,
-                                              tg, t))
-            index += 1
-        order.put_nowait(None)
-
-    async def _talk_segment(self, req: OmniRequest, segment: list[int], index: int,
-                            decodes: asyncio.Queue, seed: int, talkers: asyncio.Semaphore,
-                            decoders: asyncio.Semaphore, tg: asyncio.TaskGroup, t: Timings) -> None:
-        async def decode(chunk: Chunk) -> AudioChunk:
-            try:
-                return await self._decode(req, chunk, seed, t)
-            finally:
-                decoders.release()
-
-        try:
-            async with contextlib.aclosing(self._talk(req, segment, index, t)) as chunks:
-                async for chunk in chunks:
-                    await decoders.acquire()
-                    decodes.put_nowait(tg.create_task(decode(chunk)))
-        finally:
-            talkers.release()
-            decodes.put_nowait(None)
-
-    async def _talk(self, req: OmniRequest, segment: list[int], index: int,
-                    t: Timings) -> AsyncIterator[Chunk]:
-        """One talker call for reply segment `index`; yields its decoder chunks as codes arrive."""
-        codec = self.cfg.codec
-        max_codes = max(self.cfg.talker_min_codes,
-                        math.ceil(len(segment) * self.cfg.talker_codes_per_token))
-        sampling = {**self.cfg.talker_sampling, "max_tokens": max_codes,
-                    "allowed_token_ids": [*range(codec.offset, codec.offset + codec.size), codec.eos],
-                    "stop_token_ids": [codec.eos]}
-        if req.seed is not None:
-            sampling["seed"] = req.seed + index
-        inputs = {
-            LLM.PROMPT_TOKEN_IDS: np.array([*segment, codec.bos], dtype=np.int64),
-            LLM.STREAM: np.array([True]),
-            LLM.SAMPLING_PARAMETERS: _bytes_tensor(json.dumps(sampling)),
-            LLM.RETURN_TOKEN_IDS: np.array([True]),
-        }
-        codes: list[int] = []
-        done = 0  # codes already planned into chunks
-        async with contextlib.aclosing(self._stream(
-                "talker", inputs, [LLM.TOKEN_IDS], f"{req.request_id}-talker-{index}",
-                t)) as responses:
-            async for out in responses:
-                ids = out.get(LLM.TOKEN_IDS)
-                if ids is None:
-                    continue
-                codes.extend(int(i) - codec.offset for i in np.asarray(ids).reshape(-1)
-                             if codec.offset <= int(i) < codec.offset + codec.size)
-                for chunk in self._plan_chunks(codes, index, done, final=False):
-                    done = chunk.end
-                    yield chunk
-        for chunk in self._plan_chunks(codes, index, done, final=True):
-            yield chunk
-
-    def _plan_chunks(self, codes: list[int], segment: int, done: int, *, final: bool) -> list[Chunk]:
-        """The decoder chunks that `codes` allow now, past the first `done` codes."""
-        cfg = self.cfg
-        chunks = []
-        while True:
-            first = segment == 0 and done == 0
-            spans = chunk_plan(len(codes), done, cfg.first_chunk_codes if first else cfg.chunk_codes,
-                               cfg.left_context_codes, final, right_context=cfg.right_context_codes,
-                               align=cfg.align_codes)
-            if not spans:
-                return chunks
-            span = spans[0]  # the size changes after the first chunk: plan again
-            chunks.append(Chunk(segment, codes[span.first:span.last], span.context, span.lookahead,
-                                span.first, span.end))
-            done = span.end
-
-    async def _decode(self, req: OmniRequest, chunk: Chunk, seed: int, t: Timings) -> AudioChunk:
-        # Each segment is its own utterance: its own noise stream, positions from 0.
-        inputs = {AUDIO.CODEC_TOKENS: np.array([chunk.codes], dtype=np.int64),
-                  AUDIO.CONTEXT_TOKENS: np.array([[chunk.context]], dtype=np.int32),
-                  AUDIO.LOOKAHEAD_TOKENS: np.array([[chunk.lookahead]], dtype=np.int32),
-                  AUDIO.CODE_OFFSET: np.array([[chunk.offset]], dtype=np.int64),
-                  AUDIO.SEED: np.array([[(seed + chunk.segment) % 2**63]], dtype=np.int64)}
-        if req.speaker:
-            inputs[AUDIO.SPEAKER] = np.array([[req.speaker.encode()]], dtype=np.object_)
-        out = await self._infer("audio_decoder", inputs, [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], t)
-        return AudioChunk(np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1),
-                          int(_first(out[AUDIO.SAMPLE_RATE])))
-
-    @staticmethod
-    def _emit_audio(chunk: AudioChunk, emit: Callable[[Event], None], t: Timings) -> None:
-        now = time.perf_counter()
-        t.first_audio = t.first_audio or now
-        t.audio_end = now
-        t.audio_seconds += chunk.pcm.size / chunk.sample_rate
-        emit(chunk)
+        prompt = list(self.tokenize(chat_prompt(self.cfg.system_prompt, req.text)))
+        return prompt, prompt + list(self.tokenize(req.text))
 
     # --- image generator -------------------------------------------------------------
     async def _draw(self, req: OmniRequest, reply: str, t: Timings) -> bytes:

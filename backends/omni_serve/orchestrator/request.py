@@ -104,9 +104,9 @@ def _modalities(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) 
         name = item.strip().lower()
         if name == "audio" and name not in allowed:
             raise RequestError(OMNI.MODALITIES, f"'audio' needs a talker and an audio_decoder "
-                                                f"stage, which this pipeline has not (a Qwen2.5-Omni "
-                                                f"checkpoint's own talker is not served yet); it "
-                                                f"offers {list(allowed)}")
+                                                f"stage, which this pipeline has not (its "
+                                                f"checkpoint has no talker.* / token2wav.* weights "
+                                                f"or spk_dict.pt); it offers {list(allowed)}")
         if name not in allowed:
             raise RequestError(OMNI.MODALITIES, f"unknown or unavailable modality {item!r}; "
                                                 f"this pipeline offers {list(allowed)}")

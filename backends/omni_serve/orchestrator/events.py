@@ -1,0 +1,87 @@
+"""What one omni request sends back, and its timings (orchestrator's event loop).
+
+The pipeline and the speech path emit these events; the adapter
+(backends/omni_orchestrator/model.py) turns them into Triton responses and
+the final response's `metrics` JSON comes from `Timings.report`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class AudioChunk:
+    pcm: np.ndarray
+    sample_rate: int
+
+
+@dataclass
+class ImageOut:
+    png: bytes
+
+
+@dataclass
+class CodecIds:
+    """The talker's codec ids of the reply so far (sent with `return_codec_ids`)."""
+
+    ids: list[int]
+
+
+@dataclass
+class Final:
+    finish_reason: str
+    metrics: dict[str, Any]
+
+
+Event = TextDelta | AudioChunk | ImageOut | CodecIds | Final
+
+
+@dataclass
+class Timings:
+    """Per-request timings: what the final response's `metrics` JSON reports."""
+
+    start: float = field(default_factory=time.perf_counter)
+    first_text: float | None = None
+    first_audio: float | None = None
+    audio_start: float | None = None
+    audio_end: float | None = None
+    audio_seconds: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int = 0  # the thinker's (or, reading aloud, the text's) tokens
+    completion_tokens: int = 0  # the thinker's reply tokens
+    thinker_model: str | None = None  # the thinker engine that served the request
+    passed_over: list[str] = field(default_factory=list)  # thinker engines found down
+
+    def add(self, role: str, seconds: float) -> None:
+        self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
+
+    def report(self) -> dict[str, Any]:
+        now = time.perf_counter()
+        out: dict[str, Any] = {
+            "total_s": round(now - self.start, 6),
+            "time_to_first_token_s": None if self.first_text is None else
+            round(self.first_text - self.start, 6),
+            "time_to_first_audio_s": None if self.first_audio is None else
+            round(self.first_audio - self.start, 6),
+            "audio_seconds": round(self.audio_seconds, 6),
+            "audio_rtf": None,
+            "stage_seconds": {k: round(v, 6) for k, v in self.stage_seconds.items()},
+            "usage": {"prompt_tokens": self.prompt_tokens,
+                      "completion_tokens": self.completion_tokens},
+        }
+        if self.thinker_model is not None:
+            out["thinker_model"] = self.thinker_model
+        if self.passed_over:
+            out["thinker_passed_over"] = list(self.passed_over)
+        if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
+            out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
+        return out
