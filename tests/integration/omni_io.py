@@ -32,6 +32,7 @@ class OmniResult:
     chunks: list[np.ndarray] = field(default_factory=list)
     sample_rate: int | None = None
     images: list[bytes] = field(default_factory=list)
+    codec_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     metrics: dict | None = None
     error: InferenceServerException | None = None
@@ -54,7 +55,9 @@ def _tensor(name: str, arr: np.ndarray, dtype: str):
 def omni_inputs(text: str = "describe what you get", *, modalities=None, image: bytes | None = None,
                 audio: bytes | None = None, sampling: dict | None = None, speaker: str | None = None,
                 seed: int | None = None, session_id: str | None = None,
-                history: list[dict] | str | None = None):
+                history: list[dict] | str | None = None, talker_sampling: dict | None = None,
+                stream_audio: bool | None = None, return_codec_ids: bool = False,
+                task: str | None = None):
     ins = [_tensor(OMNI.TEXT_INPUT, np.array([text.encode()], dtype=object), "BYTES")]
     if modalities is not None:
         ins.append(_tensor(OMNI.MODALITIES, np.array([m.encode() for m in modalities], dtype=object),
@@ -74,6 +77,15 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
     if history is not None:  # a list of {role, content}, or raw text (to test bad JSON)
         raw = history if isinstance(history, str) else json.dumps(history)
         ins.append(_tensor(OMNI.HISTORY, np.array([raw.encode()], dtype=object), "BYTES"))
+    if talker_sampling is not None:
+        ins.append(_tensor(OMNI.TALKER_SAMPLING_PARAMETERS,
+                           np.array([json.dumps(talker_sampling).encode()], dtype=object), "BYTES"))
+    if stream_audio is not None:
+        ins.append(_tensor(OMNI.STREAM_AUDIO, np.array([stream_audio]), "BOOL"))
+    if return_codec_ids:
+        ins.append(_tensor(OMNI.RETURN_CODEC_IDS, np.array([True]), "BOOL"))
+    if task is not None:
+        ins.append(_tensor(OMNI.TASK, np.array([task.encode()], dtype=object), "BYTES"))
     return ins
 
 
@@ -138,6 +150,8 @@ def absorb(result: OmniResult, response) -> bool:
     if OMNI.TEXT_OUTPUT in names:
         result.deltas.append(response.as_numpy(OMNI.TEXT_OUTPUT)[0].decode())
         result.kinds.append("text")
+    if OMNI.CODEC_IDS in names:
+        result.codec_ids.extend(int(i) for i in response.as_numpy(OMNI.CODEC_IDS).reshape(-1))
     if OMNI.AUDIO_CHUNK in names:
         chunk = response.as_numpy(OMNI.AUDIO_CHUNK)
         assert chunk.dtype == np.float32 and chunk.ndim == 1

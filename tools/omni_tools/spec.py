@@ -100,7 +100,8 @@ def vllm_engine_arg_names() -> frozenset[str] | None:
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot check"
         logger.warning("vLLM is not importable (%s); engine_args are not checked", e)
         return None
-    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+    # plus the omni_llm stage's own: "talker" (omni_serve.llm.talker.ENGINE_ARG)
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs)) | {"talker"}
 
 
 def tiny_models_module() -> ModuleType:
@@ -560,7 +561,8 @@ def _base_dir(info: ValidationInfo) -> Path:
 
 
 _ENGINE_ARGS_DOC = {
-    "omni_llm": ("vLLM engine argument", "the fields of vllm.engine.arg_utils.AsyncEngineArgs"),
+    "omni_llm": ("vLLM engine argument", "the fields of vllm.engine.arg_utils.AsyncEngineArgs "
+                 "and talker"),
     "omni_dit": ("omni_dit pipeline argument", "the fields of omni_serve.dit.config.DitStageConfig"),
     "omni_encoder": ("omni_encoder argument",
                      "the fields of omni_serve.encoder.config.EncoderStageConfig"),
