@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -11,7 +13,6 @@ from omni_serve.contract import AUDIO, DIT, ENCODER, LLM, OMNI
 from omni_serve.errors import RequestError, StageFailedError
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.pipeline import (
-    AudioChunk,
     Final,
     ImageOut,
     OmniPipeline,
@@ -19,40 +20,73 @@ from omni_serve.orchestrator.pipeline import (
     TextDelta,
 )
 from omni_serve.orchestrator.request import parse_request
+from omni_serve.orchestrator.speech import THINKER_INPUTS
 
-CODEC = {"offset": 1000, "size": 64, "bos": 1064, "eos": 1065}
 SAMPLES_PER_CODE = 10
 MEL_BINS = 128
 HIDDEN = 4
+ROW_WIDTH = 2 * HIDDEN  # [input embedding | hidden state] floats per row
 
 
 def config(**overrides) -> OrchestratorConfig:
     base = {
         "stages": {"thinker": "llm", "talker": "talker", "image_encoder": "ienc",
                    "audio_encoder": "aenc", "audio_decoder": "dec", "image_generator": "dit"},
-        "codec": CODEC, "first_segment_tokens": 4, "segment_tokens": 6,
         "first_chunk_codes": 3, "chunk_codes": 5, "left_context_codes": 2,
-        "right_context_codes": 2, "align_codes": 2,
-        "talker_codes_per_token": 2.0, "talker_min_codes": 4, "stage_timeout_s": 2.0,
+        "right_context_codes": 2, "align_codes": 2, "stage_timeout_s": 2.0,
     }
     base.update(overrides)
     return OrchestratorConfig.model_validate(base)
 
 
+def prompt_ids_of(prompt: str) -> list[int]:
+    """The fake thinker's input_token_ids for a text prompt (one id per character)."""
+    return [ord(c) for c in prompt]
+
+
+def code_at(position: int) -> int:
+    """The fake talker's codec id at `position` of its stream (0-based codes, all distinct)."""
+    return (7 * position + 3) % 512
+
+
+def mark(position: int, code: int) -> int:
+    """The fake decoder's sample value for code `code` at stream `position`."""
+    return position * 1000 + code
+
+
 class ScriptedStages:
-    """A StageClient whose stages answer from rules; it records every call."""
+    """A StageClient whose stages answer from rules; it records every call.
+
+    The thinker keeps its rows in a real file (as the stage does with
+    hidden_states_in_shm) and answers with hidden_states_file / rows,
+    input_token_ids (first response) and the running num_output_tokens; the
+    talker streams `talker_codes` codec ids in groups of `code_groups` (cycled);
+    the decoder voices each code it is sent outside the context as
+    SAMPLES_PER_CODE samples of `mark(position, code)`.
+    """
 
     def __init__(self, *, reply_tokens: int = 20, token_delay: float = 0.01,
+                 talker_codes: int = 23, code_groups: tuple[int, ...] = (1, 2, 3),
+                 code_delay: float = 0.005, first_decode_delay: float = 0.03,
                  fail: str | None = None, hang: str | None = None):
         self.reply_tokens = reply_tokens
         self.token_delay = token_delay
+        self.talker_codes = talker_codes
+        self.code_groups = code_groups
+        self.code_delay = code_delay
+        self.first_decode_delay = first_decode_delay
         self.fail = fail
         self.hang = hang
         self.calls: list[tuple[str, dict]] = []
         self.open_streams: set[str] = set()
         self.closed_early: list[str] = []
-        self.decoded: list[tuple[list[int], int]] = []
+        self.decoded: list[tuple[list[int], int, int, int, int]] = []
+        self.decode_finished: list[int] = []  # first code voiced, in the order decodes finished
         self.thinker_done_at: int | None = None
+        self.thinker_files: list[str] = []  # the hidden-state files the thinker handed over
+        self.thinker_prompt_ids: list[list[int]] = []
+        self.talker_groups: list[list[int]] = []  # the codec ids of each talker response
+        self.files_seen_by_talker: list[bool] = []
         self.log: list[str] = []
 
     async def infer(self, model, inputs, outputs):
@@ -76,11 +110,13 @@ class ScriptedStages:
             seed = int(inputs[AUDIO.SEED].reshape(-1)[0])
             self.decoded.append((codes, context, lookahead, offset, seed))
             self.log.append("audio")
-            await asyncio.sleep(0.03 if offset + context == 0 else 0.001)  # out-of-order finishes
-            n = (len(codes) - context - lookahead) * SAMPLES_PER_CODE
-            marks = [seed * 10000 + offset + context + i // SAMPLES_PER_CODE for i in range(n)]
-            return {AUDIO.AUDIO_CHUNK: np.array([marks], np.float32),
-                    AUDIO.SAMPLE_RATE: np.array([[100]], np.int32)}
+            # the stream's first chunk is the slowest: later ones finish before it
+            await asyncio.sleep(self.first_decode_delay if offset + context == 0 else 0.001)
+            self.decode_finished.append(offset + context)
+            voiced = codes[context:len(codes) - lookahead]
+            marks = [mark(offset + context + i, code) for i, code in enumerate(voiced)]
+            pcm = np.repeat(np.array(marks, np.float32), SAMPLES_PER_CODE)
+            return {AUDIO.AUDIO_CHUNK: pcm[None], AUDIO.SAMPLE_RATE: np.array([[100]], np.int32)}
         if model == "dit":
             return {DIT.IMAGE: np.array([[b"\x89PNG fake"]], dtype=np.object_)}
         raise AssertionError(model)
@@ -88,8 +124,6 @@ class ScriptedStages:
     async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
         self.calls.append((model, inputs))
         self.open_streams.add(request_id)
-        talking = sum("talker" in r for r in self.open_streams)
-        self.max_talking = max(getattr(self, "max_talking", 0), talking)
         finished = False
         try:
             if model == self.fail:
@@ -97,30 +131,81 @@ class ScriptedStages:
             if model == self.hang:
                 await asyncio.sleep(3600)
             if model == "llm":
-                prompt = inputs[LLM.TEXT_INPUT][0].decode()
-                # one placeholder per item; the engine expands it
-                assert prompt.count("<|IMAGE|>") == (LLM.IMAGE_EMBEDS in inputs)
-                assert prompt.count("<|AUDIO|>") == (LLM.AUDIO_FEATURES in inputs)
-                for i in range(self.reply_tokens):
-                    await asyncio.sleep(self.token_delay)
-                    last = i == self.reply_tokens - 1
-                    self.log.append("text")
-                    yield {LLM.TEXT_OUTPUT: np.array([f"w{i} ".encode()], dtype=np.object_),
-                           LLM.TOKEN_IDS: np.array([10 + i], np.int64),
-                           LLM.FINISH_REASON: np.array([b"length" if last else b""], dtype=np.object_)}
+                async for out in self._think(inputs):
+                    yield out
                 self.thinker_done_at = len(self.log)
             elif model == "talker":
-                ids = inputs[LLM.PROMPT_TOKEN_IDS].tolist()
-                assert ids[-1] == CODEC["bos"]
-                sampling = json.loads(inputs[LLM.SAMPLING_PARAMETERS][0])
-                for i in range(sampling["max_tokens"]):
-                    await asyncio.sleep(0.005)
-                    yield {LLM.TOKEN_IDS: np.array([CODEC["offset"] + (i % CODEC["size"])], np.int64)}
+                async for out in self._talk(inputs):
+                    yield out
             finished = True
         finally:
             self.open_streams.discard(request_id)
             if not finished:
                 self.closed_early.append(model)
+
+    async def _think(self, inputs):
+        if LLM.PROMPT_TOKEN_IDS in inputs:
+            assert LLM.TEXT_INPUT not in inputs
+            ids = inputs[LLM.PROMPT_TOKEN_IDS].tolist()
+        else:
+            prompt = inputs[LLM.TEXT_INPUT][0].decode()
+            # one placeholder per item; the engine expands it
+            assert prompt.count("<|IMAGE|>") == (LLM.IMAGE_EMBEDS in inputs)
+            assert prompt.count("<|AUDIO|>") == (LLM.AUDIO_FEATURES in inputs)
+            ids = prompt_ids_of(prompt)
+        self.thinker_prompt_ids.append(ids)
+        sampling = json.loads(inputs[LLM.SAMPLING_PARAMETERS][0])
+        n = min(self.reply_tokens, sampling.get("max_tokens", self.reply_tokens))
+        path = None
+        if LLM.HIDDEN_STATES_IN_SHM in inputs:
+            assert inputs[LLM.RETURN_HIDDEN_STATES].all() and inputs[LLM.RETURN_INPUT_TOKEN_IDS].all()
+            fd, path = tempfile.mkstemp(prefix="omni-test-thinker-")
+            os.close(fd)
+            self.thinker_files.append(path)
+        rows = 0
+        for i in range(n):
+            await asyncio.sleep(self.token_delay)
+            last = i == n - 1
+            self.log.append("text")
+            out = {LLM.TEXT_OUTPUT: np.array([f"w{i} ".encode()], dtype=np.object_),
+                   LLM.FINISH_REASON: np.array([b"length" if last else b""], dtype=np.object_),
+                   LLM.NUM_INPUT_TOKENS: np.array([len(ids)], np.uint32),
+                   LLM.NUM_OUTPUT_TOKENS: np.array([i + 1], np.uint32)}
+            if path is not None:
+                # prompt rows with the first response, then one per reply token fed back
+                new = len(ids) if i == 0 else 1
+                with open(path, "ab") as f:
+                    f.write(np.zeros((new, ROW_WIDTH), np.float32).tobytes())
+                out[LLM.HIDDEN_STATES_FILE] = np.array([path.encode()], dtype=np.object_)
+                out[LLM.HIDDEN_STATES_ROWS] = np.array([rows, new, ROW_WIDTH], np.int64)
+                rows += new
+                if i == 0:
+                    out[LLM.INPUT_TOKEN_IDS] = np.array(ids, np.int64)
+            yield out
+        if path is not None:
+            with open(path + ".rows", "w") as f:
+                f.write(str(rows))
+
+    async def _talk(self, inputs):
+        source = inputs[LLM.THINKER_HIDDEN_STATES_FILE][0].decode()
+        self.files_seen_by_talker.append(os.path.exists(source))
+        self.log.append("talker")
+        position, group = 0, 0
+        while position < self.talker_codes:
+            await asyncio.sleep(self.code_delay)
+            size = self.code_groups[group % len(self.code_groups)]
+            codes = [code_at(p) for p in range(position, min(position + size, self.talker_codes))]
+            self.talker_groups.append(codes)
+            position, group = position + len(codes), group + 1
+            yield {LLM.TOKEN_IDS: np.array(codes, np.int64)}
+        yield {LLM.TOKEN_IDS: np.zeros(0, np.int64)}  # the last response: the stop code cut
+        self.log.append("talker done")
+
+    def talker_requests(self) -> list[dict]:
+        return [inputs for model, inputs in self.calls if model == "talker"]
+
+    def thinker_requests(self) -> list[dict]:
+        return [inputs for model, inputs in self.calls if model == "llm"]
 
 
 def run(pipeline: OmniPipeline, tensors: dict, cfg: OrchestratorConfig) -> list:
@@ -145,60 +230,13 @@ def test_text_only_never_calls_the_speech_stages():
     stages = ScriptedStages(reply_tokens=5)
     events = run(OmniPipeline(cfg, stages), tensors(), cfg)
     assert [m for m, _ in stages.calls] == ["llm"]
+    # no rows kept for a talker: none of the speech flags, no file handed over
+    assert not set(THINKER_INPUTS) & set(stages.thinker_requests()[0])
+    assert stages.thinker_files == []
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "w0 w1 w2 w3 w4 "
     assert isinstance(events[-1], Final) and events[-1].finish_reason == "length"
     assert events[-1].metrics["time_to_first_token_s"] > 0
     assert events[-1].metrics["time_to_first_audio_s"] is None
-
-
-def test_speech_starts_before_the_text_is_finished_when_pipelined():
-    cfg = config()
-    stages = ScriptedStages(reply_tokens=20, token_delay=0.02)
-    events = run(OmniPipeline(cfg, stages), tensors(modalities=["text", "audio"]), cfg)
-    assert "audio" in stages.log[:stages.thinker_done_at]
-    chunks = [e for e in events if isinstance(e, AudioChunk)]
-    metrics = events[-1].metrics
-    assert chunks and metrics["time_to_first_audio_s"] < metrics["total_s"]
-    assert metrics["audio_seconds"] == pytest.approx(
-        sum(c.pcm.size for c in chunks) / 100)
-    assert set(metrics["stage_seconds"]) == {"thinker", "talker", "audio_decoder"}
-
-
-def test_sequential_mode_voices_nothing_before_the_thinker_ends():
-    cfg = config(mode="sequential")
-    stages = ScriptedStages(reply_tokens=12)
-    events = run(OmniPipeline(cfg, stages), tensors(modalities=["audio"]), cfg)
-    assert "audio" not in stages.log[:stages.thinker_done_at]
-    assert any(isinstance(e, AudioChunk) for e in events)
-
-
-@pytest.mark.parametrize("mode", ["pipelined", "sequential"])
-def test_every_codec_code_is_voiced_once_and_in_order(mode):
-    cfg = config(mode=mode)
-    stages = ScriptedStages(reply_tokens=11)
-    events = run(OmniPipeline(cfg, stages), tensors(modalities=["audio"], seed=5), cfg)
-    talker_calls = [i for m, i in stages.calls if m == "talker"]
-    # segments of 4, then 6, then the rest (1): max_tokens = max(4, 2 * len)
-    assert [len(i[LLM.PROMPT_TOKEN_IDS]) - 1 for i in talker_calls] == [4, 6, 1]
-    per_segment = [json.loads(i[LLM.SAMPLING_PARAMETERS][0])["max_tokens"] for i in talker_calls]
-    for codes, context, lookahead, offset, _ in stages.decoded:
-        assert 0 <= context <= cfg.left_context_codes + cfg.align_codes
-        assert lookahead <= cfg.right_context_codes
-    # the audio comes out in order: segment by segment (one noise seed each), code by code
-    pcm = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
-    marks = pcm[::SAMPLES_PER_CODE].astype(np.int64)
-    want = [(5 + seg) * 10000 + pos for seg, n in enumerate(per_segment) for pos in range(n)]
-    assert marks.tolist() == want
-    first_codes, first_context, first_lookahead, _, _ = stages.decoded[0]
-    assert first_context == 0 and len(first_codes) - first_lookahead == cfg.first_chunk_codes
-
-
-def test_pipelined_segments_talk_concurrently_and_sequential_ones_do_not():
-    for mode, overlap in (("pipelined", True), ("sequential", False)):
-        cfg = config(mode=mode, first_segment_tokens=2, segment_tokens=2)
-        stages = ScriptedStages(reply_tokens=12, token_delay=0.001)
-        run(OmniPipeline(cfg, stages), tensors(modalities=["audio"]), cfg)
-        assert (stages.max_talking > 1) is overlap, mode
 
 
 def test_the_encoders_outputs_go_to_the_thinker_with_one_placeholder_each():
@@ -239,6 +277,7 @@ def test_a_failing_stage_is_named_and_no_child_stream_is_left_open(failing, role
     assert not stages.open_streams
     if role in ("talker", "audio_decoder"):
         assert "llm" in stages.closed_early  # the thinker was stopped, not left running
+    assert not any(os.path.exists(p) for p in stages.thinker_files)
 
 
 def test_a_silent_stage_times_out_as_unavailable():
@@ -266,6 +305,7 @@ def test_cancelling_the_request_closes_every_child_stream():
     asyncio.run(scenario())
     assert not stages.open_streams
     assert "llm" in stages.closed_early
+    assert stages.thinker_files and not any(os.path.exists(p) for p in stages.thinker_files)
 
 
 @pytest.mark.parametrize("extra,field,message", [
@@ -283,7 +323,7 @@ def test_bad_requests_name_the_input(extra, field, message):
 
 
 def test_modalities_need_their_stages():
-    cfg = config(stages={"thinker": "llm"}, codec=None)
+    cfg = config(stages={"thinker": "llm"})
     with pytest.raises(RequestError, match="'audio' needs a talker and an audio_decoder stage, "
                        "which this pipeline has not .*; it offers \\['text'\\]"):
         parse_request("r", tensors(modalities=["audio"]), cfg)
@@ -312,32 +352,3 @@ def test_a_server_without_grpc_is_refused_with_the_reason():
 
     with pytest.raises(ValueError, match="--allow-grpc=false"):
         grpc_url_from_args(["tritonserver", "--allow-grpc=false"])
-
-
-def test_segments_do_not_depend_on_how_the_thinker_groups_its_tokens():
-    """The stage merges outputs while its sender is busy, so one response may carry several
-    tokens: the talker still gets the same segments (and so, for a seed, the same speech)."""
-
-    class Merging(ScriptedStages):
-        async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
-            if model != "llm":
-                async for out in super().stream(model, inputs, outputs, request_id=request_id,
-                                                timeout_s=timeout_s):
-                    yield out
-                return
-            outs = [o async for o in super().stream(model, inputs, outputs,
-                                                    request_id=request_id, timeout_s=timeout_s)]
-            for group in (outs[0:3], outs[3:8], outs[8:11]):  # 3, 5 and 3 tokens a response
-                yield {LLM.TEXT_OUTPUT: np.array(["".join(o[LLM.TEXT_OUTPUT][0].decode()
-                                                          for o in group).encode()], dtype=object),
-                       LLM.TOKEN_IDS: np.concatenate([o[LLM.TOKEN_IDS] for o in group]),
-                       LLM.FINISH_REASON: group[-1][LLM.FINISH_REASON]}
-
-    cfg = config()
-    prompts = []
-    for stages in (ScriptedStages(reply_tokens=11), Merging(reply_tokens=11)):
-        run(OmniPipeline(cfg, stages), tensors(modalities=["audio"], seed=5), cfg)
-        prompts.append([i[LLM.PROMPT_TOKEN_IDS].tolist() for m, i in stages.calls
-                        if m == "talker"])
-    assert [len(p) - 1 for p in prompts[1]] == [4, 6, 1]
-    assert prompts[1] == prompts[0]

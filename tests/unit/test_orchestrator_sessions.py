@@ -41,7 +41,7 @@ class TwoThinkers(ScriptedStages):
 
 
 def engines_config(**overrides):
-    return config(stages={"thinker": list(ENGINES)}, codec=None, **overrides)
+    return config(stages={"thinker": list(ENGINES)}, **overrides)
 
 
 def run_all(pipeline: OmniPipeline, cfg, requests: list[dict]) -> list[list]:
@@ -119,7 +119,7 @@ def test_a_too_long_session_id_is_refused():
 # --- config --------------------------------------------------------------------------
 
 def test_the_thinker_role_takes_one_name_or_a_list():
-    assert config(stages={"thinker": "llm"}, codec=None).stages.thinkers == ("llm",)
+    assert config(stages={"thinker": "llm"}).stages.thinkers == ("llm",)
     assert engines_config().stages.thinkers == ENGINES
 
 
@@ -130,7 +130,7 @@ def test_the_thinker_role_takes_one_name_or_a_list():
 ])
 def test_a_bad_thinker_list_is_refused(thinker, message):
     with pytest.raises(ValidationError, match=message):
-        config(stages={"thinker": thinker}, codec=None)
+        config(stages={"thinker": thinker})
 
 
 # --- routing in the pipeline -----------------------------------------------------------
@@ -176,7 +176,7 @@ def test_a_failing_engine_is_named():
 
 
 def test_one_thinker_name_still_works():
-    cfg = config(stages={"thinker": "llm"}, codec=None)
+    cfg = config(stages={"thinker": "llm"})
     stages = ScriptedStages(reply_tokens=2, token_delay=0)
     (events,) = run_all(OmniPipeline(cfg, stages), cfg,
                         [tensors("hi", **{OMNI.SESSION_ID: b"any"})])

@@ -1,56 +1,286 @@
-"""Task "speech" (read text aloud, no thinker) and the usage counts of the final metrics."""
+"""The speech path (orchestrator/speech.py) with scripted stages: the one talker request, the
+decoder chunks, the order audio goes out in, codec ids, the hidden-state file's lifetime, task
+"speech" (read text aloud) and the usage counts of the final metrics."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 
 import numpy as np
 import pytest
 
 from omni_serve.contract import LLM, OMNI
-from omni_serve.errors import RequestError
-from omni_serve.orchestrator.pipeline import AudioChunk, Final, OmniPipeline, TextDelta
+from omni_serve.errors import RequestError, StageFailedError
+from omni_serve.orchestrator.pipeline import (
+    AudioChunk,
+    CodecIds,
+    Final,
+    OmniPipeline,
+    TextDelta,
+    chat_prompt,
+)
 from omni_serve.orchestrator.request import parse_request
-from tests.unit.test_orchestrator import CODEC, ScriptedStages, config, tensors
+from omni_serve.orchestrator.speech import THINKER_INPUTS, ThinkerRows
+from tests.unit.test_orchestrator import (
+    SAMPLES_PER_CODE,
+    ScriptedStages,
+    code_at,
+    config,
+    mark,
+    tensors,
+)
+
+TALKER_CODES = 23
+# config(): first chunk 3 codes, then 5; left context 2 aligned to 2, right context 2.
+# (offset, context, lookahead, end) of each decoder call for a stream of 23 codes
+CHUNKS = [(0, 0, 2, 3), (0, 3, 2, 8), (6, 2, 2, 13), (10, 3, 2, 18), (16, 2, 0, 23)]
 
 
 def fake_tokenize(text: str) -> list[int]:
-    return [100 + i for i, _ in enumerate(text.split())]
+    return [sum(map(ord, word)) % 1000 for word in text.split()]
 
 
-def run_events(pipeline, cfg, **extra):
+def run_events(pipeline: OmniPipeline, cfg, **extra) -> list:
     events: list = []
     req = parse_request("r1", tensors(**extra), cfg)
     asyncio.run(pipeline.run(req, events.append))
     return events
 
 
-def test_speech_voices_the_text_without_the_thinker():
+def speak(stages: ScriptedStages | None = None, cfg=None, **extra) -> tuple[list, ScriptedStages]:
+    """Run one request with audio out; (its events, the stages)."""
+    cfg = cfg or config()
+    stages = stages or ScriptedStages()
+    extra.setdefault(OMNI.MODALITIES, ["text", "audio"])
+    return run_events(OmniPipeline(cfg, stages), cfg, **extra), stages
+
+
+def audio_of(events: list) -> list[AudioChunk]:
+    return [e for e in events if isinstance(e, AudioChunk)]
+
+
+def voiced_marks(events: list) -> list[int]:
+    pcm = np.concatenate([c.pcm for c in audio_of(events)])
+    assert pcm.size % SAMPLES_PER_CODE == 0
+    return pcm[::SAMPLES_PER_CODE].astype(np.int64).tolist()
+
+
+def every_code_in_order(n: int = TALKER_CODES) -> list[int]:
+    return [mark(p, code_at(p)) for p in range(n)]
+
+
+# --- the talker request ------------------------------------------------------------------
+
+def test_the_thinker_keeps_its_rows_for_the_talker_only_when_audio_is_asked_for():
+    _, stages = speak()
+    (thinker,) = stages.thinker_requests()
+    for name, value in THINKER_INPUTS.items():
+        assert thinker[name].tolist() == value.tolist() == [True], name
+
+
+def test_one_talker_request_names_the_thinkers_file_prompt_media_speaker_and_sampling():
+    talker_sampling = {"temperature": 0.3, "max_tokens": 50}
+    _, stages = speak(image=b"img-bytes", audio=b"wav", speaker=b"Ethan", seed=5,
+                      **{OMNI.TALKER_SAMPLING_PARAMETERS: json.dumps(talker_sampling).encode()})
+    (talker,) = stages.talker_requests()
+    (thinker,) = stages.thinker_requests()
+    assert set(talker) == {LLM.THINKER_HIDDEN_STATES_FILE, LLM.PROMPT_TOKEN_IDS, LLM.STREAM,
+                           LLM.SAMPLING_PARAMETERS, LLM.RETURN_TOKEN_IDS, LLM.SPEAKER,
+                           LLM.IMAGE_GRID_THW, LLM.AUDIO_FEATURE_LENGTHS}
+    (path,) = stages.thinker_files
+    assert talker[LLM.THINKER_HIDDEN_STATES_FILE].tolist() == [path.encode()]
+    # the prompt as the thinker engine saw it (its input_token_ids), not re-tokenized
+    assert talker[LLM.PROMPT_TOKEN_IDS].dtype == np.int64
+    assert talker[LLM.PROMPT_TOKEN_IDS].tolist() == stages.thinker_prompt_ids[0]
+    assert talker[LLM.IMAGE_GRID_THW].tolist() == thinker[LLM.IMAGE_GRID_THW].tolist()
+    assert talker[LLM.AUDIO_FEATURE_LENGTHS].tolist() == thinker[LLM.AUDIO_FEATURE_LENGTHS].tolist()
+    assert talker[LLM.SPEAKER].tolist() == [b"Ethan"]
+    assert talker[LLM.STREAM].tolist() == [True] and talker[LLM.RETURN_TOKEN_IDS].tolist() == [True]
+    # the config's defaults, the request's fields over them, and the request's seed
+    sampling = json.loads(talker[LLM.SAMPLING_PARAMETERS][0])
+    assert sampling == {"temperature": 0.3, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05,
+                        "max_tokens": 50, "seed": 5}
+    assert stages.files_seen_by_talker == [True]
+
+
+def test_without_media_or_speaker_the_talker_gets_neither():
+    _, stages = speak(seed=9)
+    (talker,) = stages.talker_requests()
+    assert not {LLM.SPEAKER, LLM.IMAGE_GRID_THW, LLM.AUDIO_FEATURE_LENGTHS} & set(talker)
+    sampling = json.loads(talker[LLM.SAMPLING_PARAMETERS][0])
+    assert sampling == {**config().talker_sampling, "seed": 9}
+
+
+def test_the_talker_starts_on_the_second_reply_token_while_the_thinker_writes():
+    _, stages = speak(ScriptedStages(reply_tokens=20, token_delay=0.02))
+    started = stages.log.index("talker")
+    assert stages.log[:started].count("text") == 2
+    assert "audio" in stages.log[:stages.thinker_done_at]
+
+
+def test_a_thinker_that_sends_several_tokens_a_response_still_gets_one_talker_request():
+    class Merging(ScriptedStages):
+        async def _think(self, inputs):
+            outs = [out async for out in super()._think(inputs)]
+            yield {**outs[0], **outs[1], **outs[2], LLM.INPUT_TOKEN_IDS: outs[0][LLM.INPUT_TOKEN_IDS]}
+            for out in outs[3:]:
+                yield out
+
+    events, stages = speak(Merging(reply_tokens=6))
+    assert len(stages.talker_requests()) == 1
+    assert voiced_marks(events) == every_code_in_order()
+
+
+# --- the decoder chunks --------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["pipelined", "sequential"])
+def test_the_decoder_gets_each_chunk_with_its_context_offset_and_the_one_seed(mode):
+    events, stages = speak(cfg=config(mode=mode), seed=5)
+    assert [(offset, context, lookahead) for _, context, lookahead, offset, _ in stages.decoded] \
+        == [(offset, context, lookahead) for offset, context, lookahead, _ in CHUNKS]
+    for (codes, *_), (offset, _, lookahead, end) in zip(stages.decoded, CHUNKS, strict=True):
+        assert codes == [code_at(p) for p in range(offset, end + lookahead)]
+    assert {seed for *_, seed in stages.decoded} == {5}  # one utterance, one noise stream
+    # every code voiced once, in order
+    assert voiced_marks(events) == every_code_in_order()
+    metrics = events[-1].metrics
+    assert metrics["audio_seconds"] == pytest.approx(TALKER_CODES * SAMPLES_PER_CODE / 100)
+    assert set(metrics["stage_seconds"]) == {"thinker", "talker", "audio_decoder"}
+
+
+def test_audio_goes_out_in_order_when_later_chunks_finish_first():
+    stages = ScriptedStages(first_decode_delay=0.3, code_delay=0.002)
+    events, stages = speak(stages)
+    begins = [offset + context for offset, context, *_ in CHUNKS]
+    assert stages.decode_finished[0] != 0  # the first chunk finished after later ones
+    assert sorted(stages.decode_finished) == begins
+    assert voiced_marks(events) == every_code_in_order()
+
+
+def test_without_a_seed_every_chunk_still_shares_one():
+    _, stages = speak()
+    seeds = {seed for *_, seed in stages.decoded}
+    assert len(seeds) == 1
+    assert json.loads(stages.talker_requests()[0][LLM.SAMPLING_PARAMETERS][0])["seed"] in seeds
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "sequential"])
+def test_stream_audio_false_decodes_all_codes_in_one_call_without_context(mode):
+    events, stages = speak(cfg=config(mode=mode), stream_audio=False)
+    (call,) = stages.decoded
+    codes, context, lookahead, offset, _ = call
+    assert codes == [code_at(p) for p in range(TALKER_CODES)]
+    assert (context, lookahead, offset) == (0, 0, 0)
+    (chunk,) = audio_of(events)
+    assert voiced_marks(events) == every_code_in_order()
+    assert chunk.pcm.size == TALKER_CODES * SAMPLES_PER_CODE
+
+
+def test_sequential_mode_talks_after_the_thinker_and_decodes_after_the_talker():
+    _, stages = speak(ScriptedStages(reply_tokens=12), cfg=config(mode="sequential"))
+    log = stages.log
+    assert log.index("talker") >= stages.thinker_done_at  # the whole reply first
+    assert log.index("audio") > log.index("talker done")  # then all the codes
+    assert log.count("audio") == len(CHUNKS)
+
+
+def test_pipelined_mode_decodes_while_the_talker_still_talks():
+    _, stages = speak(ScriptedStages(code_delay=0.01))
+    assert stages.log.index("audio") < stages.log.index("talker done")
+
+
+# --- codec ids ------------------------------------------------------------------------------
+
+def test_codec_ids_go_out_as_they_arrive_only_when_asked_for():
+    events, stages = speak(return_codec_ids=True)
+    codec = [e.ids for e in events if isinstance(e, CodecIds)]
+    assert codec == [g for g in stages.talker_groups if g]  # one event per talker response
+    assert sum(codec, []) == [code_at(p) for p in range(TALKER_CODES)]
+    events, _ = speak()
+    assert not any(isinstance(e, CodecIds) for e in events)
+
+
+# --- short replies, the file, failures ------------------------------------------------------
+
+def test_a_one_token_reply_has_no_talker_call_and_no_audio():
+    events, stages = speak(ScriptedStages(reply_tokens=1))
+    assert [m for m, _ in stages.calls] == ["llm"]
+    assert not audio_of(events)
+    assert isinstance(events[-1], Final) and events[-1].metrics["audio_seconds"] == 0
+    (path,) = stages.thinker_files
+    assert not os.path.exists(path) and not os.path.exists(path + ".rows")
+
+
+def test_the_thinkers_file_and_its_row_count_are_removed_after_the_request():
+    _, stages = speak()
+    (path,) = stages.thinker_files
+    assert stages.files_seen_by_talker == [True]
+    assert not os.path.exists(path) and not os.path.exists(path + ".rows")
+
+
+def test_a_failing_talker_fails_the_request_naming_it_and_stops_the_thinker():
+    stages = ScriptedStages(reply_tokens=30, fail="talker")
+    with pytest.raises(StageFailedError) as err:
+        speak(stages)
+    assert err.value.role == "talker" and err.value.model == "talker"
+    assert "talker refuses" in str(err.value) and err.value.code == "INVALID_ARG"
+    assert "llm" in stages.closed_early and not stages.open_streams
+    (path,) = stages.thinker_files
+    assert not os.path.exists(path)
+
+
+def test_thinker_rows_are_ready_with_the_file_the_prompt_and_two_reply_tokens():
+    async def main():
+        rows = ThinkerRows()
+        rows.update({LLM.HIDDEN_STATES_FILE: np.array([b"/dev/shm/x"], dtype=np.object_),
+                     LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)})
+        assert rows.file == "/dev/shm/x" and not rows.ready.is_set()
+        rows.update({LLM.INPUT_TOKEN_IDS: np.array([4, 5], np.int64),
+                     LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)})
+        assert rows.prompt_ids == [4, 5] and not rows.ready.is_set()
+        # later responses do not replace what the first ones said
+        rows.update({LLM.HIDDEN_STATES_FILE: np.array([b"/other"], dtype=np.object_),
+                     LLM.INPUT_TOKEN_IDS: np.array([9], np.int64),
+                     LLM.NUM_OUTPUT_TOKENS: np.array([2], np.uint32)})
+        assert rows.ready.is_set() and rows.file == "/dev/shm/x" and rows.prompt_ids == [4, 5]
+        assert rows.reply_tokens == 2
+
+    asyncio.run(main())
+
+
+# --- task "speech": read the text aloud -------------------------------------------------------
+
+def test_speech_reads_the_text_as_the_thinkers_reply_without_generating():
     cfg = config(tokenizer="/some/tokenizer")
     stages = ScriptedStages()
-    words = " ".join(f"w{i}" for i in range(15))  # 15 tokens: segments of 4, 6, 5
+    words = " ".join(f"w{i}" for i in range(15))
     events = run_events(OmniPipeline(cfg, stages, tokenize=fake_tokenize), cfg,
                         text=words, **{OMNI.TASK: "speech"})
-    models = [m for m, _ in stages.calls]
-    assert "llm" not in models
-    talker_prompts = [inputs[LLM.PROMPT_TOKEN_IDS].tolist() for m, inputs in stages.calls
-                      if m == "talker"]
-    # every token of the text is voiced once, in order, segment by segment
-    assert [p[:-1] for p in talker_prompts] == [list(range(100, 104)), list(range(104, 110)),
-                                               list(range(110, 115))]
-    assert all(p[-1] == CODEC["bos"] for p in talker_prompts)
+    prompt = fake_tokenize(chat_prompt(cfg.system_prompt, words))
+    (thinker,) = stages.thinker_requests()
+    assert LLM.TEXT_INPUT not in thinker
+    assert thinker[LLM.PROMPT_TOKEN_IDS].tolist() == prompt + fake_tokenize(words)
+    assert json.loads(thinker[LLM.SAMPLING_PARAMETERS][0]) == {"max_tokens": 1, "temperature": 0.0}
+    for name in THINKER_INPUTS:
+        assert thinker[name].tolist() == [True]
+    # the talker's prompt ends where the text starts: the text is the reply it voices
+    (talker,) = stages.talker_requests()
+    assert talker[LLM.PROMPT_TOKEN_IDS].tolist() == prompt
+    assert talker[LLM.THINKER_HIDDEN_STATES_FILE].tolist() == [stages.thinker_files[0].encode()]
     assert not any(isinstance(e, TextDelta) for e in events)
-    assert any(isinstance(e, AudioChunk) for e in events)
+    assert voiced_marks(events) == every_code_in_order()
     final = events[-1]
     assert isinstance(final, Final) and final.finish_reason == "stop"
     assert final.metrics["usage"] == {"prompt_tokens": 15, "completion_tokens": 0}
-    assert final.metrics["audio_seconds"] > 0
+    assert not os.path.exists(stages.thinker_files[0])
 
 
 @pytest.mark.parametrize("overrides, task, message", [
     ({"tokenizer": "/t"}, "sing", "unknown task 'sing'"),
     ({}, "speech", "no talker (or no thinker tokenizer)"),
-    ({"tokenizer": "/t", "stages": {"thinker": "llm"}, "codec": None}, "speech", "no talker"),
+    ({"tokenizer": "/t", "stages": {"thinker": "llm"}}, "speech", "no talker"),
 ])
 def test_bad_task_names_the_field(overrides, task, message):
     cfg = config(**overrides)

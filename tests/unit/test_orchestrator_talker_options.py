@@ -15,13 +15,12 @@ from omni_serve.orchestrator.config import OPENAI_VOICE_MAP, OrchestratorConfig
 from omni_serve.orchestrator.pipeline import AudioChunk, CodecIds, Final, TextDelta
 from omni_serve.orchestrator.request import parse_request
 
-CODEC = {"offset": 1000, "size": 64, "bos": 1064, "eos": 1065}
 MODEL_PY = Path(__file__).resolve().parents[2] / "backends" / "omni_orchestrator" / "model.py"
 
 
 def config(**overrides) -> OrchestratorConfig:
     base = {"stages": {"thinker": "llm", "talker": "talker", "audio_decoder": "dec"},
-            "codec": CODEC, "tokenizer": "/tok"}
+            "tokenizer": "/tok"}
     base.update(overrides)
     return OrchestratorConfig.model_validate(base)
 

@@ -172,6 +172,7 @@ class OmniPipeline:
         if req.task == "speech":
             prompt_part, reply_ids = await self._read_aloud_prompt(req)
             rows.prompt_ids = prompt_part  # the talker's prompt ends where the text starts
+            t.prompt_tokens = len(reply_ids) - len(prompt_part)  # the text's tokens
         else:
             media, prompt = await self._encode(req, t)
         speech = rows is not None
@@ -261,10 +262,12 @@ class OmniPipeline:
         try:
             async with contextlib.aclosing(self._thinker_stream(req, inputs, t)) as responses:
                 async for out in responses:
-                    t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS), t.prompt_tokens))
-                    # streamed: each response carries the running count of reply tokens
-                    t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
-                                                     t.completion_tokens))
+                    if prompt_ids is None:  # reading aloud, usage counts the text (run)
+                        t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS),
+                                                     t.prompt_tokens))
+                        # streamed: each response carries the running count of reply tokens
+                        t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
+                                                         t.completion_tokens))
                     finish = _first(out.get(LLM.FINISH_REASON), "") or finish
                     if rows is not None:
                         if prompt_ids is not None:  # the text's own tokens are the reply

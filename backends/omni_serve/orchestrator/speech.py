@@ -113,12 +113,12 @@ class Speech:
         self.seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
 
     async def run(self, rows: ThinkerRows) -> None:
-        ready = asyncio.ensure_future(rows.ready.wait())
+        waits = [asyncio.ensure_future(rows.ready.wait()), asyncio.ensure_future(rows.done.wait())]
         try:
-            await asyncio.wait([ready, asyncio.ensure_future(rows.done.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            ready.cancel()
+            for wait in waits:
+                wait.cancel()
         if not rows.ready.is_set():
             return  # a reply of fewer than 2 tokens: nothing the talker can voice
         if self.cfg.mode == "sequential":
