@@ -10,7 +10,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file, save_file
 
-from omni_tools import checkpoint
+from omni_tools import checkpoint, gen_repo
 from omni_tools import tiny_models as tm
 from omni_tools.gen_repo import main
 
@@ -37,22 +37,39 @@ def run(argv, capsys) -> tuple[int, str]:
     return code, out.out + out.err
 
 
+SPEECH_STAGES = ("talker", "audio_decoder")
+
+
 def test_every_stage_reads_its_part_of_the_one_folder(omni_dir, tmp_path, capsys):
     code, text = run(["--preset", "omni-chat", "--model", omni_dir, "-o", tmp_path / "repo"], capsys)
     assert code == 0, text
     repo = tmp_path / "repo"
-    for stage in ("llm", "image_encoder", "audio_encoder"):
+    for stage in ("llm", "image_encoder", "audio_encoder", "talker", "audio_decoder"):
         engine = json.loads((repo / stage / "engine.json").read_text())
         assert engine["model"] == str(omni_dir), stage
-    # the tiny model's own talker is not the checkpoint's: left out with the audio decoder, roles too
-    assert not (repo / "talker").exists() and not (repo / "audio_decoder").exists()
-    roles = json.loads((repo / "omni" / "engine.json").read_text())["stages"]
-    assert "talker" not in roles and "audio_decoder" not in roles
-    assert roles["thinker"] == "llm" and roles["image_encoder"] == "image_encoder"
+    assert json.loads((repo / "talker" / "engine.json").read_text())["talker"] is True
+    omni = json.loads((repo / "omni" / "engine.json").read_text())
+    assert omni["stages"]["talker"] == "talker" and omni["stages"]["audio_decoder"] == "audio_decoder"
+    assert omni["stages"]["thinker"] == "llm" and omni["stages"]["image_encoder"] == "image_encoder"
+    # the chunk context of the folder's own Token2Wav (dit_context_codes of the tiny default)
+    assert (omni["left_context_codes"], omni["right_context_codes"], omni["align_codes"]) == (
+        21, 32, 12)
 
 
-def test_a_folder_of_another_model_is_refused_naming_its_type(omni_dir, capsys):
-    code, text = run(["--preset", "omni-chat", "--model", omni_dir / "talker", "--check"], capsys)
+def test_the_decoder_context_comes_from_the_checkpoint_or_its_token2wav_folder(omni_dir, tmp_path):
+    want = {"left_context_codes": 21, "right_context_codes": 32, "align_codes": 12}
+    assert gen_repo._decoder_context(omni_dir) == want  # token2wav_config of the whole model
+    assert gen_repo._decoder_context(omni_dir / "token2wav") == want  # a Token2Wav's own config
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    assert gen_repo._decoder_context(tmp_path) == {}  # no DiT: the orchestrator's defaults
+    assert gen_repo._decoder_context(tmp_path / "missing") == {}
+
+
+def test_a_folder_of_another_model_is_refused_naming_its_type(omni_dir, tmp_path, capsys):
+    folder = tmp_path / "qwen2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    code, text = run(["--preset", "omni-chat", "--model", folder, "--check"], capsys)
     assert code == 2
     assert "model_type is 'qwen2'; omni-chat serves a Qwen2.5-Omni checkpoint" in text
 
@@ -77,19 +94,49 @@ def test_model_needs_a_preset(omni_dir, tmp_path, capsys):
     assert code == 2 and "--model goes with --preset" in text
 
 
-def _preset_with_the_checkpoint_talker(omni_dir: Path) -> dict:
-    """omni-chat's stages, its talker also reading the preset's own checkpoint (as the real talker will)."""
-    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "model_repository" / "specs"
+def _preset() -> dict:
+    return yaml.safe_load((Path(__file__).resolve().parents[2] / "model_repository" / "specs"
                            / "omni-chat.yaml").read_text())
-    data["stages"]["talker"]["model"] = data["stages"]["llm"]["model"]
-    return data
 
 
-def test_the_audio_decoder_reads_the_checkpoint_token2wav_and_voices(omni_dir, tmp_path):
-    data, problems = checkpoint.point_preset_at(_preset_with_the_checkpoint_talker(omni_dir), omni_dir)
-    assert problems == [] and data["stages"]["audio_decoder"]["model"] == str(omni_dir)
-    assert data["stages"]["omni"]["engine_args"]["stages"]["audio_decoder"] == "audio_decoder"
-    folder = _copy_without(omni_dir, tmp_path / "ckpt", "token2wav.", "spk_dict.pt")
-    _, problems = checkpoint.point_preset_at(_preset_with_the_checkpoint_talker(omni_dir), folder)
-    assert problems == [f"{folder}: no token2wav.* weights, which the audio_decoder stage needs",
-                        f"{folder}: no spk_dict.pt, which the audio_decoder stage needs"]
+def test_the_speech_stages_read_the_checkpoints_talker_token2wav_and_voices(omni_dir):
+    data, problems = checkpoint.point_preset_at(_preset(), omni_dir)
+    assert problems == []
+    for stage in SPEECH_STAGES:
+        assert data["stages"][stage]["model"] == str(omni_dir)
+        assert data["stages"]["omni"]["engine_args"]["stages"][stage] == stage
+
+
+@pytest.mark.parametrize("prefix, drop", [
+    ("token2wav.", None), ("talker.", None), (None, "spk_dict.pt"), ("token2wav.", "spk_dict.pt"),
+])
+def test_a_folder_without_the_speech_parts_serves_text_only(omni_dir, tmp_path, prefix, drop):
+    folder = _copy_without(omni_dir, tmp_path / "ckpt", prefix, drop)
+    data, problems = checkpoint.point_preset_at(_preset(), folder)
+    assert problems == []
+    roles = data["stages"]["omni"]["engine_args"]["stages"]
+    for stage in SPEECH_STAGES:  # both go, with their roles: audio out fails as "no talker"
+        assert stage not in data["stages"] and stage not in roles
+    assert data["stages"]["llm"]["model"] == str(folder)
+    assert roles["thinker"] == "llm" and roles["audio_encoder"] == "audio_encoder"
+
+
+def test_a_text_only_folder_generates_a_repository_without_speech(omni_dir, tmp_path, capsys):
+    folder = _copy_without(omni_dir, tmp_path / "ckpt", "token2wav.", None)
+    code, text = run(["--preset", "omni-chat", "--model", folder, "-o", tmp_path / "repo"], capsys)
+    assert code == 0, text
+    repo = tmp_path / "repo"
+    assert not (repo / "talker").exists() and not (repo / "audio_decoder").exists()
+    omni = json.loads((repo / "omni" / "engine.json").read_text())
+    assert not set(SPEECH_STAGES) & set(omni["stages"])
+    assert "left_context_codes" not in omni and "speakers" not in omni
+
+
+def test_a_folder_missing_the_thinker_reports_the_speech_parts_too(omni_dir, tmp_path):
+    # not a text-only export: every missing part is named, nothing is quietly left out
+    folder = _copy_without(omni_dir, tmp_path / "ckpt", None, "tokenizer_config.json")
+    (folder / "spk_dict.pt").unlink()
+    data, problems = checkpoint.point_preset_at(_preset(), folder)
+    assert f"{folder}: no tokenizer_config.json, which the thinker stage needs" in problems
+    assert f"{folder}: no spk_dict.pt, which the audio_decoder stage needs" in problems
+    assert all(stage in data["stages"] for stage in SPEECH_STAGES)

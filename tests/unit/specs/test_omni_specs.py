@@ -28,13 +28,20 @@ def checkpoint(root: Path, name: str, marker: str = "config.json", **files: str)
 
 @pytest.fixture
 def models(tmp_path) -> dict[str, str]:
-    codec = json.dumps({"offset": 100, "size": 16, "bos": 116, "eos": 117})
     return {
         "thinker": str(checkpoint(tmp_path, "thinker")),
         "lm": str(checkpoint(tmp_path, "lm")),
-        "talker": str(checkpoint(tmp_path, "talker", **{"omni_talker.json": codec})),
+        "talker": str(checkpoint(tmp_path, "talker")),
         "t2w": str(checkpoint(tmp_path, "t2w")),
     }
+
+
+# The tiny default's Token2Wav parts that set the chunk context: the DiT's blocks and
+# layers, BigVGAN's field (omni_serve.audio.request.dit_context_codes: 21, 32, 12).
+TINY_DIT = {"repeats": 2, "block_size": 24, "num_hidden_layers": 2, "look_backward_layers": [0],
+            "look_ahead_layers": [1]}
+TINY_BIGVGAN = {"upsample_rates": [5, 3, 2, 2, 2, 2], "upsample_kernel_sizes": [11, 7, 4, 4, 4, 4],
+                "resblock_kernel_sizes": [3], "resblock_dilation_sizes": [[1, 3, 5]]}
 
 
 def omni_spec(models: dict[str, str], **roles) -> dict:
@@ -69,14 +76,33 @@ def test_the_omni_chat_preset_loads_with_an_orchestrator_entry(monkeypatch):
         "omni_llm", "omni_encoder", "omni_audio", "omni_dit", "omni_orchestrator"}
 
 
-def test_the_orchestrator_gets_the_talker_codec_and_no_model(tmp_path, models):
+def test_the_orchestrator_gets_the_decoders_chunk_context_and_no_model(tmp_path, models):
+    (Path(models["t2w"]) / "config.json").write_text(json.dumps(
+        {"dit_config": TINY_DIT, "bigvgan_config": TINY_BIGVGAN}))
     spec = parse_spec(omni_spec(models), base_dir=tmp_path)
     generated = tmp_path / "repo"
     gen_repo.generate(spec, generated)
     engine = json.loads((generated / "omni" / ENGINE_ARGS_FILE).read_text())
-    assert "model" not in engine
-    assert engine["codec"] == {"offset": 100, "size": 16, "bos": 116, "eos": 117}
+    assert "model" not in engine and "codec" not in engine
+    assert (engine["left_context_codes"], engine["right_context_codes"],
+            engine["align_codes"]) == (21, 32, 12)
     assert engine["stages"]["thinker"] == "llm"
+
+
+def test_a_context_set_in_the_spec_wins_over_the_checkpoints(tmp_path, models):
+    (Path(models["t2w"]) / "config.json").write_text(json.dumps(
+        {"token2wav_config": {"dit_config": TINY_DIT, "bigvgan_config": TINY_BIGVGAN}}))
+    data = omni_spec(models)
+    data["stages"]["omni"]["engine_args"]["left_context_codes"] = 0
+    gen_repo.generate(parse_spec(data, base_dir=tmp_path), tmp_path / "repo")
+    engine = json.loads((tmp_path / "repo" / "omni" / ENGINE_ARGS_FILE).read_text())
+    assert (engine["left_context_codes"], engine["right_context_codes"],
+            engine["align_codes"]) == (0, 32, 12)
+
+
+def test_a_decoder_checkpoint_without_a_dit_config_leaves_the_context_defaults(tmp_path, models):
+    engine = _engine(tmp_path, models)  # t2w's config.json is {}
+    assert not {"left_context_codes", "right_context_codes", "align_codes"} & set(engine)
 
 
 def test_stage_env_becomes_config_parameters(tmp_path, models):
@@ -139,14 +165,6 @@ def test_engine_arg_values_are_checked_by_the_stage_config_before_writing(tmp_pa
     assert err.value.problems[0].startswith("stages.omni.engine_args.mode: Input should be "
                                             "'pipelined' or 'sequential'")
     assert not (tmp_path / "repo").exists()
-
-
-def test_a_talker_without_a_codec_file_needs_one_in_the_spec(tmp_path, models):
-    (Path(models["talker"]) / "omni_talker.json").unlink()
-    with pytest.raises(SpecError) as err:
-        gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), tmp_path / "repo")
-    assert err.value.problems[0].startswith("stages.omni.engine_args.codec: required because the "
-                                            "talker checkpoint has no readable")
 
 
 # --- batching, queue policy, parallelism, schema -----------------------------------------
