@@ -185,7 +185,8 @@ def _decoder_context(folder: Path) -> dict[str, int]:
 
 def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
                          models: dict[str, str]) -> dict:
-    """The orchestrator's engine.json: its engine_args, plus the talker's codec layout."""
+    """The orchestrator's engine.json: its engine_args, plus what the stages' checkpoints say
+    (the thinker's tokenizer, the decoder's chunk context, the voices)."""
     engine = dict(stage.engine_args)
     here = spec.server_of(name)
     remote = {}
