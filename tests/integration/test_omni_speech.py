@@ -1,0 +1,192 @@
+"""Speech out of omni-chat equals Qwen2.5-Omni in transformers (real tritonserver, tiny checkpoint).
+
+Reference: `Qwen2_5OmniForConditionalGeneration.generate(return_audio=True,
+thinker_do_sample=False, talker_do_sample=False, speaker=...)` in fp32 after
+`torch.manual_seed(seed)`. transformers 5.x drops an all-ones attention mask
+before the talker's forward, and without a mask that forward skips the
+talker's own rope index and its codec pad/bos inputs (a padded batch keeps
+them); the reference passes the mask through, so it runs the talker as the
+model defines it and as a padded batch runs it.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from PIL import Image
+
+from omni_serve.orchestrator.config import OrchestratorConfig
+
+from .omni_io import error_code, png, run_omni, tone, wav
+
+pytestmark = pytest.mark.integration
+
+THINKER = {"temperature": 0, "max_tokens": 12}
+TALKER = {"temperature": 0, "max_tokens": 40}
+SEED = 5
+STREAMED_SNR_DB = 60.0  # measured 91-96 dB on the tiny default (see docs/omni-chat.md)
+
+
+@pytest.fixture(scope="module")
+def url(omni_chat_server):
+    return omni_chat_server.grpc_url
+
+
+@pytest.fixture(scope="module")
+def reference(omni_chat_server):
+    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniProcessor
+
+    torch.set_num_threads(1)
+    repo = Path(omni_chat_server.repository)
+    engine = json.loads((repo / "talker" / "engine.json").read_text())
+    path = engine["model"]
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    forward = model.talker.forward
+
+    @functools.wraps(forward)  # generate checks the signature
+    def talker_forward(*args, **kwargs):
+        if kwargs.get("attention_mask") is None:
+            past = kwargs.get("past_key_values")
+            x = kwargs["inputs_embeds"] if kwargs.get("inputs_embeds") is not None \
+                else kwargs["input_ids"]
+            seen = past.get_seq_length() if past is not None else 0
+            kwargs["attention_mask"] = torch.ones(1, seen + x.shape[1], dtype=torch.long)
+        return forward(*args, **kwargs)
+
+    model.talker.forward = talker_forward
+    codes: dict[str, list[int]] = {}
+    generate = model.talker.generate
+
+    def talker_generate(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        codes["last"] = out[0, kwargs["input_ids"].shape[1]:].tolist()
+        return out
+
+    model.talker.generate = talker_generate
+    system = OrchestratorConfig.model_validate(
+        json.loads((repo / "omni" / "engine.json").read_text())).system_prompt
+    return {"model": model, "processor": Qwen2_5OmniProcessor.from_pretrained(path),
+            "system": system, "codes": codes}
+
+
+def _reference(ref, text: str, speaker: str, image: bytes | None = None,
+               audio: np.ndarray | None = None) -> tuple[str, list[int], np.ndarray]:
+    """(reply text, codec ids, waveform) of transformers' generate(return_audio=True)."""
+    model, processor = ref["model"], ref["processor"]
+    if audio is not None:  # what the server gets: the samples of the WAV file it is sent
+        audio, _ = sf.read(io.BytesIO(wav(audio)), dtype="float32")
+    parts = ([{"type": "audio"}] if audio is not None else []) + (
+        [{"type": "image"}] if image is not None else [])
+    messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]},
+                {"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=prompt, return_tensors="pt",
+                       images=[Image.open(io.BytesIO(image)).convert("RGB")] if image else None,
+                       audio=[audio] if audio is not None else None)
+    if "pixel_values" in inputs:  # generate would hand them to the talker too, which refuses them
+        inputs["thinker_pixel_values"] = inputs.pop("pixel_values")
+    cfg = model.config.talker_config
+    stops = [cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id]
+    torch.manual_seed(SEED)
+    with torch.no_grad():
+        seq, waveform = model.generate(
+            **inputs, speaker=speaker, thinker_max_new_tokens=THINKER["max_tokens"],
+            thinker_do_sample=False, talker_do_sample=False,
+            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops)
+    codes = ref["codes"]["last"]
+    codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
+    reply = processor.tokenizer.decode(seq[0, inputs["input_ids"].shape[1]:],
+                                       skip_special_tokens=True)
+    return reply, codes, waveform.numpy()
+
+
+def _served(url: str, text: str, speaker: str, *, stream_audio: bool, image=None, audio=None):
+    return run_omni(url, text=text, modalities=["text", "audio"], sampling=THINKER, seed=SEED,
+                    speaker=speaker, talker_sampling=TALKER, stream_audio=stream_audio,
+                    return_codec_ids=True, image=image, audio=wav(audio) if audio is not None else None)
+
+
+def _snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    return float(10 * np.log10((reference ** 2).sum() / ((test - reference) ** 2).sum()))
+
+
+CASES = {
+    "text": {},
+    "text + image": {"image": png(100, 80)},
+    "text + audio": {"audio": tone(1.0, freq=330.0)},
+}
+
+
+@pytest.mark.parametrize("speaker", ["Chelsie", "Ethan"])
+@pytest.mark.parametrize("case", CASES)
+def test_speech_equals_qwen25_omni_in_transformers(url, reference, case, speaker):
+    media = CASES[case]
+    question = "tell me what you see and hear"
+    want_text, want_codes, want_wave = _reference(reference, question, speaker, **media)
+    assert want_codes, "the reference talker produced no codes"
+
+    whole = _served(url, question, speaker, stream_audio=False, **media)
+    assert whole.error is None, whole.error
+    assert whole.text == want_text
+    assert whole.codec_ids == want_codes
+    assert len(whole.chunks) == 1
+    assert whole.audio.shape == want_wave.shape
+    assert np.abs(whole.audio - want_wave).max() < 1e-4
+
+    streamed = _served(url, question, speaker, stream_audio=True, **media)
+    assert streamed.error is None, streamed.error
+    assert streamed.codec_ids == want_codes
+    assert streamed.audio.shape == want_wave.shape
+    assert _snr_db(want_wave, streamed.audio) > STREAMED_SNR_DB
+
+
+def test_the_speakers_sound_different(url):
+    a, b = (_served(url, "say something", s, stream_audio=False) for s in ("Chelsie", "Ethan"))
+    assert a.error is None and b.error is None
+    assert a.audio.shape == b.audio.shape and np.abs(a.audio - b.audio).max() > 1e-2
+
+
+@pytest.mark.parametrize("concurrency", [2, 4])
+def test_concurrent_speech_equals_each_alone(url, concurrency):
+    requests = [dict(text=f"question number {i}?", speaker=("Chelsie", "Ethan")[i % 2],
+                     stream_audio=bool(i % 2)) for i in range(concurrency)]
+    alone = [_served(url, **r) for r in requests]
+    with ThreadPoolExecutor(concurrency) as pool:
+        together = list(pool.map(lambda r: _served(url, **r), requests))
+    for a, b in zip(alone, together, strict=True):
+        assert a.error is None and b.error is None
+        assert a.codec_ids and b.codec_ids == a.codec_ids and b.text == a.text
+        assert b.audio.shape == a.audio.shape and np.abs(b.audio - a.audio).max() < 1e-4
+
+
+def test_an_unknown_speaker_is_invalid_and_names_the_known_ones(url):
+    result = _served(url, "hello", "Nobody", stream_audio=False)
+    assert error_code(result.error) == "INVALID_ARG"
+    message = str(result.error)
+    assert "speaker" in message and "Chelsie" in message and "Ethan" in message
+    assert run_omni(url, text="still serving?", sampling=THINKER).error is None
+
+
+def test_an_openai_voice_speaks_with_its_mapped_speaker(url):
+    alloy = _served(url, "say something", "alloy", stream_audio=False)
+    chelsie = _served(url, "say something", "Chelsie", stream_audio=False)
+    assert alloy.error is None, alloy.error
+    assert alloy.codec_ids == chelsie.codec_ids
+    assert np.abs(alloy.audio - chelsie.audio).max() < 1e-4
+
+
+def test_reading_text_aloud_voices_it(url):
+    result = run_omni(url, text="the cat sat on the mat", task="speech", seed=SEED,
+                      talker_sampling=TALKER, return_codec_ids=True, stream_audio=False)
+    assert result.error is None, result.error
+    assert result.codec_ids and result.audio.size == len(result.codec_ids) * 480
+    other = run_omni(url, text="a different sentence to read", task="speech", seed=SEED,
+                     talker_sampling=TALKER, return_codec_ids=True, stream_audio=False)
+    assert other.codec_ids != result.codec_ids
