@@ -89,6 +89,22 @@ def test_chat_with_audio_out_streamed_and_whole(client):
     assert np.abs(streamed - samples).max() < 1e-3
 
 
+def test_openai_voices_speak_and_the_talker_options_pass_through(client):
+    """What OpenAI apps send (voice alloy) is a speaker of the checkpoint; codec ids come back."""
+    kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
+                  modalities=["text", "audio"], **GREEDY)
+    extra = {"talker_sampling_parameters": {"temperature": 0, "max_tokens": 24},
+             "stream_audio": False, "return_codec_ids": True, "seed": 5}
+    alloy, chelsie = (client.chat.completions.create(
+        **kwargs, audio={"voice": voice, "format": "wav"}, extra_body=extra).choices[0].message.audio
+        for voice in ("alloy", "Chelsie"))
+    codes = alloy.model_extra["codec_ids"]
+    assert codes and len(codes) <= 24 and codes == chelsie.model_extra["codec_ids"]
+    a, b = (sf.read(io.BytesIO(base64.b64decode(x.data)), dtype="float32")[0]
+            for x in (alloy, chelsie))
+    assert a.size == 480 * len(codes) and np.abs(a - b).max() < 1e-3  # 16-bit WAV rounding
+
+
 def test_an_image_part_reaches_the_thinker(client):
     plain = client.chat.completions.create(model="omni", messages=_user("what is this"),
                                            max_tokens=4, **GREEDY)
@@ -135,13 +151,14 @@ def test_audio_speech_formats_and_streaming(client):
     flac_samples, flac_rate = sf.read(io.BytesIO(flac.content), dtype="float32")
     assert flac_rate == 24000 and flac_samples.size == samples.size
     with client.audio.speech.with_streaming_response.create(
-            model="omni", voice=VOICE, input=text * 3, response_format="pcm",
+            model="omni", voice=VOICE, input=text, response_format="pcm",
             extra_body={"seed": 5}) as response:
         pieces = [piece for piece in response.iter_bytes() if piece]
-    assert sum(map(len, pieces)) > 2 * samples.size  # three times the text, more speech
-    short = client.audio.speech.create(model="omni", voice=VOICE, input="one",
-                                       response_format="pcm", extra_body={"seed": 5})
-    assert len(short.content) < len(pcm.content)
+    assert b"".join(pieces) == pcm.content  # the same speech, streamed
+    short = client.audio.speech.create(
+        model="omni", voice=VOICE, input="one", response_format="pcm",
+        extra_body={"seed": 5, "talker_sampling_parameters": {"max_tokens": 8}})
+    assert 0 < len(short.content) <= 2 * 8 * 480  # at most 8 codes of 480 samples
 
 
 @pytest.mark.parametrize("kwargs, status, param, message", [
@@ -151,7 +168,7 @@ def test_audio_speech_formats_and_streaming(client):
     ({"extra_body": {"bogus": 1}}, 400, "bogus", "unrecognized request argument"),
     ({"modalities": ["text", "audio"], "audio": {"voice": VOICE, "format": "wav"},
       "stream": True}, 400, "audio.format", "pcm16"),
-    ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
+    ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}},
      400, None, "speaker"),
     ({"messages": _user("x", {"type": "image_url", "image_url": {"url": "http://x/y.png"}})},
      400, "messages.0.content.1.image_url.url", "data: URLs"),
@@ -181,7 +198,7 @@ def test_bad_speech_and_image_requests(client):
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.audio.speech.create(model="omni", voice=VOICE, input="x", response_format="mp3")
     with pytest.raises(openai.BadRequestError, match="speaker"):
-        client.audio.speech.create(model="omni", voice="alloy", input="hello")
+        client.audio.speech.create(model="omni", voice="nobody", input="hello")
     with pytest.raises(openai.BadRequestError, match="size"):
         client.images.generate(model="text_to_image", prompt="x", size="big")
     with pytest.raises(openai.BadRequestError, match="height|width"):
