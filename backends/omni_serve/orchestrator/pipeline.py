@@ -182,14 +182,14 @@ class OmniPipeline:
                 think = tg.create_task(self._think(req, prompt, media, emit, rows, t, reply_ids))
                 if speech:
                     tg.create_task(Speech(self.cfg, self, req, media, emit, t).run(rows))
-            reply, finish = think.result()
-            if "image" in req.modalities:
-                emit(ImageOut(await self._draw(req, reply, t)))
         except ExceptionGroup as group:
             raise _first_error(group) from None
         finally:
-            if rows is not None:
+            if rows is not None:  # the talker is done with the thinker's rows
                 rows.remove()
+        reply, finish = think.result()
+        if "image" in req.modalities:
+            emit(ImageOut(await self._draw(req, reply, t)))
         emit(Final(finish, t.report()))
 
     # the speech path's stage calls (speech.StageCalls)

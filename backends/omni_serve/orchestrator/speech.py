@@ -32,11 +32,10 @@ import numpy as np
 
 from omni_serve.audio.request import chunk_plan
 from omni_serve.contract import AUDIO, LLM
+from omni_serve.llm.talker_engine import ROWS_SUFFIX  # the thinker's final row count file
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import AudioChunk, CodecIds, Event, Timings
 from omni_serve.orchestrator.request import OmniRequest
-
-ROWS_SUFFIX = ".rows"  # the thinker stage's final row count beside its file
 
 
 @dataclass
