@@ -1,0 +1,66 @@
+"""A Qwen2.5-Omni folder without the speech parts serves text and refuses audio (real server).
+
+The folder is the tiny default minus `talker.*`, `token2wav.*` and
+`spk_dict.pt` (what a thinker-only export ships); `omni-gen-repo --preset
+omni-chat --model DIR` leaves the talker and the audio decoder out.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omni_tools import tiny_models
+from omni_tools.server import TritonServer
+
+from .omni_io import error_code, run_omni
+
+pytestmark = pytest.mark.integration
+
+SPEECH_PREFIXES = ("talker.", "token2wav.")
+
+
+def _text_only_copy(source: Path, out: Path) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for path in source.iterdir():
+        if path.is_file() and path.name not in ("model.safetensors", "spk_dict.pt"):
+            shutil.copy2(path, out / path.name)
+    tensors = load_file(str(source / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.startswith(SPEECH_PREFIXES)},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text-only")
+    folder = _text_only_copy(tiny_models.ensure_model("qwen2.5-omni-tiny"), root / "checkpoint")
+    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
+    subprocess.run([str(cli), "--preset", "omni-chat", "--model", str(folder),
+                    "-o", str(root / "repo")], check=True, timeout=600)
+    assert not (root / "repo" / "talker").exists() and not (root / "repo" / "audio_decoder").exists()
+    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log")
+    triton.start()
+    try:
+        yield triton
+    finally:
+        triton.stop()
+        print(f"\ntritonserver log: {triton.log_path}")
+
+
+def test_text_is_served_and_audio_is_refused_clearly(server):
+    url = server.grpc_url
+    text = run_omni(url, text="hello", sampling={"temperature": 0, "max_tokens": 8})
+    assert text.error is None and text.text and text.metrics["usage"]["completion_tokens"] > 0
+    audio = run_omni(url, text="hello", modalities=["text", "audio"],
+                     sampling={"temperature": 0, "max_tokens": 8})
+    assert error_code(audio.error) == "INVALID_ARG"
+    message = str(audio.error)
+    assert "modalities" in message and "talker" in message and "audio_decoder" in message
+    assert run_omni(url, text="still serving?", sampling={"temperature": 0, "max_tokens": 4}).error \
+        is None
