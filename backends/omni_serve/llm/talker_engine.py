@@ -74,6 +74,15 @@ def feed_of(request) -> dict | None:
     return feed if isinstance(feed, dict) else None
 
 
+def ended_rows(path: str) -> int | None:
+    """The thinker's final row count, -1 once its file is gone (its caller removed it: the
+    request is over, run on to the end rather than wait for ever), else None."""
+    final = final_rows(path)
+    if final is None and not os.path.exists(path):
+        return -1
+    return final
+
+
 def vector_ready(feed: dict, position: int) -> bool:
     """Can talker position `position` be computed now?"""
     if position < feed["prompt_len"]:
@@ -81,7 +90,7 @@ def vector_ready(feed: dict, position: int) -> bool:
     row = position - 1
     if row < rows_written(feed["file"], feed["width"]):
         return True
-    return final_rows(feed["file"]) is not None
+    return ended_rows(feed["file"]) is not None
 
 
 # --- the scheduler (engine-core process) -------------------------------------------------
@@ -212,13 +221,13 @@ def reply_vectors(feed: dict, start: int, n: int, tail: np.ndarray) -> tuple[np.
             pos[:, k] = q + feed["delta"]
     decode = [q for q in range(start, start + n) if q >= prompt_len]
     if decode:
-        final = final_rows(feed["file"])
-        have = rows_written(feed["file"], width) if final is None else final
+        final = ended_rows(feed["file"])
+        have = rows_written(feed["file"], width) if final is None else max(final, 0)
         wanted = [q - 1 for q in decode if q - 1 < have]
         data = None
         if wanted:
+            lo, hi = wanted[0], wanted[-1] + 1
             with open(feed["file"], "rb") as f:
-                lo, hi = wanted[0], wanted[-1] + 1
                 raw = os.pread(f.fileno(), (hi - lo) * width * _ROW.itemsize, lo * width * _ROW.itemsize)
             data = np.frombuffer(raw, np.float32).reshape(-1, width)
             data = data[:, :half] + data[:, half:]
