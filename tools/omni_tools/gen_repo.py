@@ -562,9 +562,15 @@ def _preset_with_model(name: str, folder: Path) -> PipelineSpec:
     source = f"preset {name} --model {folder}"
     load_preset(name)  # an unknown name lists the presets
     data = yaml.safe_load((SPECS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+    before = set(data["stages"])
     data, problems = checkpoint.point_preset_at(data, folder.absolute())
     if problems:
         raise SpecError(source, problems)
+    left_out = sorted(before - set(data["stages"]))
+    if left_out:  # e.g. a thinker-only export: say what is missing, not only what is left out
+        missing = checkpoint.problems(folder.absolute(), list(checkpoint.SPEECH_ROLES))
+        print(f"{PROG}: note: {', '.join(left_out)} left out, the repository serves text"
+              + "".join(f"\n  {m}" for m in missing), file=sys.stderr)
     return parse_spec(data, base_dir=SPECS_DIR, source=source)
 
 
