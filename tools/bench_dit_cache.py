@@ -81,8 +81,8 @@ def component_split(runner, reqs) -> dict[str, float]:
 
 def main(argv=None) -> int:
     from omni_serve.dit.config import DitStageConfig
-    from omni_serve.dit.pipeline import DitRunner
     from omni_serve.dit.request import DitRequest
+    from omni_serve.dit.runner import DitRunner
     from omni_tools.tiny_models import ensure_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

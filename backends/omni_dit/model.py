@@ -14,8 +14,8 @@ import numpy as np
 
 from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
-from omni_serve.dit.pipeline import DitRunner, encode_png
 from omni_serve.dit.request import parse_request
+from omni_serve.dit.runner import DitRunner, encode_png
 from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config, triton_error
 
 log = logging.getLogger("omni_dit")

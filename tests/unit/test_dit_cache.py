@@ -6,8 +6,8 @@ import pytest
 
 from omni_serve.contract import DIT
 from omni_serve.dit.config import DitStageConfig
-from omni_serve.dit.pipeline import DitRunner
 from omni_serve.dit.request import DitRequest, group_key, parse_request
+from omni_serve.dit.runner import DitRunner
 from omni_serve.errors import RequestError
 from omni_tools.tiny_models import ensure_model
 

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from omni_serve.contract import DIT
 from omni_serve.dit.config import DitStageConfig
-from omni_serve.dit.pipeline import DitRunner, encode_png
 from omni_serve.dit.request import DitRequest, group_key, parse_request
+from omni_serve.dit.runner import DitRunner, encode_png
 from omni_serve.errors import RequestError
 from omni_tools import tiny_models as tm
 
