@@ -25,8 +25,6 @@ and register it with `@register("<name>")`.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -35,7 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,16 +133,11 @@ def _write_marker(path: Path, name: str, seconds: float) -> None:
     (path / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-@contextlib.contextmanager
-def _file_lock(lock_path: Path) -> Iterator[None]:
-    """Exclusive flock on lock_path, held for the with-block (blocks while taken)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+def _file_lock(lock_path: Path):
+    """An exclusive lock on lock_path for a with-block (blocks while another process has it)."""
+    from filelock import FileLock
+
+    return FileLock(lock_path, mode=0o644)
 
 
 def _remove_stale_tmp(cache: Path, name: str) -> None:
