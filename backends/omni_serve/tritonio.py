@@ -52,17 +52,30 @@ def triton_error(exc: Exception):
 
 
 def apply_stage_env(args: dict) -> dict[str, str]:
-    """Set the `env.<NAME>` parameters of the model config in this (stub) process.
+    """Set the `env.<NAME>` parameters of the model config in this (stub) process, and
+    place a KIND_GPU instance on the GPU Triton gave it.
 
     Call first in initialize(): processes the stage starts afterwards (vLLM's
-    engine core) inherit them. Returns what was set.
+    engine core) inherit them. Each instance is a stub process of its own, so a
+    KIND_GPU instance sees only its device (`CUDA_VISIBLE_DEVICES` = Triton's
+    `model_instance_device_id`, as vllm_backend does): vLLM and torch stages
+    (`device: cuda`) run on it as `cuda:0`. KIND_CPU and KIND_MODEL change
+    nothing. Returns what was set.
     """
     config = json.loads(args["model_config"]) if isinstance(args.get("model_config"), str) else {}
     env = {key[len(ENV_PARAMETER_PREFIX):]: value.get("string_value", "")
            for key, value in (config.get("parameters") or {}).items()
            if key.startswith(ENV_PARAMETER_PREFIX)}
+    env.update(instance_device_env(args))
     os.environ.update(env)
     return env
+
+
+def instance_device_env(args: dict) -> dict[str, str]:
+    """{"CUDA_VISIBLE_DEVICES": <device id>} for a KIND_GPU instance, else {}."""
+    if str(args.get("model_instance_kind", "")).upper() != "GPU":
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": str(int(args.get("model_instance_device_id", 0)))}
 
 
 def stage_config(args: dict, config_class: type):

@@ -10,6 +10,7 @@ oneDNN convolutions and GEMMs sum in another order for another batch size
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -480,3 +481,33 @@ def test_adapter_answers_each_request_and_adds_the_batch_dimension(folder, tmp_p
     assert "codec_tokens: codes must be in [0, 512)" in str(out[1].error)
     assert out[2].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 10 * SPC)
     assert model._batch.values == [3] and model._seconds.values == [8 * SPC / 24000, 10 * SPC / 24000]
+
+
+@pytest.mark.parametrize("kind, device_id, visible", [
+    ("GPU", "3", "3"), ("CPU", "0", None), ("MODEL", "0", None),
+])
+def test_a_kind_gpu_instance_sees_only_the_gpu_triton_gave_it(folder, tmp_path, monkeypatch,
+                                                                kind, device_id, visible):
+    """Placement (issue 14): the adapter's initialize sets CUDA_VISIBLE_DEVICES before the
+    runner (or vLLM's engine) starts, from Triton's instance kind and device id."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test, whatever it sets
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    path = Path(__file__).resolve().parents[2] / "backends" / "omni_audio" / "model.py"
+    spec = importlib.util.spec_from_file_location("omni_audio_model_placed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = {}
+
+    class Runner:
+        sample_rate = 24000
+
+        def __init__(self, cfg):
+            seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    monkeypatch.setattr(module, "AudioRunner", Runner)
+    (tmp_path / ENGINE_ARGS_FILE).write_text(f'{{"model": "{folder}"}}')
+    module.TritonPythonModel().initialize({
+        "model_name": "audio", "model_repository": str(tmp_path),
+        "model_instance_kind": kind, "model_instance_device_id": device_id})
+    assert seen["visible"] == visible

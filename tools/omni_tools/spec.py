@@ -156,6 +156,9 @@ def _check_tiny_name(name: str) -> None:
 
 # --- the spec ------------------------------------------------------------------
 
+# Backends whose engine_args.device picks torch's device (cpu or cuda).
+TORCH_DEVICE_BACKENDS = ("omni_dit", "omni_audio", "omni_encoder")
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -357,6 +360,27 @@ class StageSpec(_Strict):
             raise ValueError(f"not used by backend {backend}: Triton's dynamic batcher is off "
                              "for it; remove the key")
         return value
+
+    @model_validator(mode="after")
+    def _placement_fits_backend(self) -> StageSpec:
+        """KIND_GPU: Triton gives each instance one GPU and the adapter makes it the only
+        one the instance sees (omni_serve.tritonio.apply_stage_env)."""
+        if self.instances.kind != "KIND_GPU":
+            return self
+        if "CUDA_VISIBLE_DEVICES" in self.env:
+            raise _Problems((("env", "CUDA_VISIBLE_DEVICES"),
+                             "KIND_GPU instances each get the GPU Triton gives them (choose them "
+                             "with instances.gpus); remove it, or use KIND_MODEL to pick the GPUs "
+                             "yourself"))
+        if self.backend == "omni_orchestrator":
+            raise _Problems((("instances", "kind"),
+                             "the orchestrator computes nothing on a GPU; use KIND_CPU or "
+                             "KIND_MODEL"))
+        if self.backend in TORCH_DEVICE_BACKENDS and self.engine_args.get("device") != "cuda":
+            raise _Problems((("engine_args", "device"),
+                             f"KIND_GPU runs each {self.backend} instance on its GPU: set "
+                             "device: cuda (or use KIND_CPU)"))
+        return self
 
     @model_validator(mode="after")
     def _parallelism_fits_instances(self) -> StageSpec:

@@ -217,6 +217,41 @@ def test_batching_and_parallelism_errors_name_the_key(tmp_path, models, monkeypa
     assert problems(tmp_path, data) == [expected]
 
 
+@pytest.mark.parametrize("stage, extra, expected", [
+    ("dec", {"instances": {"kind": "KIND_GPU", "gpus": [1]}},
+     "stages.dec.engine_args.device: KIND_GPU runs each omni_audio instance on its GPU: set "
+     "device: cuda (or use KIND_CPU)"),
+    ("aenc", {"instances": {"kind": "KIND_GPU"}, "engine_args": {"modality": "audio",
+                                                                  "device": "cpu"}},
+     "stages.aenc.engine_args.device: KIND_GPU runs each omni_encoder instance on its GPU: set "
+     "device: cuda (or use KIND_CPU)"),
+    ("llm", {"instances": {"kind": "KIND_GPU", "gpus": [0]}, "env": {"CUDA_VISIBLE_DEVICES": "2"}},
+     "stages.llm.env.CUDA_VISIBLE_DEVICES: KIND_GPU instances each get the GPU Triton gives them "
+     "(choose them with instances.gpus); remove it, or use KIND_MODEL to pick the GPUs yourself"),
+    ("omni", {"instances": {"kind": "KIND_GPU"}},
+     "stages.omni.instances.kind: the orchestrator computes nothing on a GPU; use KIND_CPU or "
+     "KIND_MODEL"),
+])
+def test_kind_gpu_placement_errors_say_what_each_backend_allows(tmp_path, models, stage, extra,
+                                                                expected):
+    data = omni_spec(models)
+    for key, value in extra.items():
+        if key == "engine_args":
+            data["stages"][stage].setdefault("engine_args", {}).update(value)
+        else:
+            data["stages"][stage][key] = value
+    assert problems(tmp_path, data) == [expected]
+
+
+def test_kind_gpu_with_device_cuda_is_accepted(tmp_path, models):
+    data = omni_spec(models)
+    data["stages"]["dec"].update(instances={"count": 1, "kind": "KIND_GPU", "gpus": [0, 1]},
+                                 engine_args={"device": "cuda"})
+    data["stages"]["llm"]["instances"] = {"kind": "KIND_GPU", "gpus": [2]}
+    spec = parse_spec(data, base_dir=tmp_path)
+    assert spec.stages["dec"].instances.gpus == [0, 1]
+
+
 def test_tensor_parallel_with_kind_model_is_accepted(tmp_path, models, monkeypatch):
     from omni_tools import spec as spec_mod
 
