@@ -253,7 +253,8 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True,
     """Validate `spec` again and build every stage's files in memory.
 
     With `resolve_models=False` tiny models are not built (engine "model" is
-    then the spec's own reference); that is what `--check` uses. Keys the
+    then the spec's own reference); that is what `--check` uses, and it checks
+    every stage's engine_args with the stage's own config class all the same. Keys the
     `triton_version` release does not accept are SpecErrors naming the stage,
     the key and the first release that has it (omni_tools.triton_versions).
     """
@@ -271,8 +272,8 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True,
                 else dict(stage.engine_args)
         else:
             engine = {"model": models[name], **stage.engine_args}
-        if resolve_models:
-            _check_stage_config(spec, name, stage.backend, engine)
+        # the stage's own config class is the one validator, for --check as for generation
+        _check_stage_config(spec, name, stage.backend, engine)
         plans.append(StagePlan(name, _config_for(spec, name, stage, triton_version), engine))
     return plans
 

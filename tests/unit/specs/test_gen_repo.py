@@ -293,6 +293,20 @@ def test_cli_check_reports_problems_with_exit_code_2(tmp_path, capsys):
     assert "  stages.llm.max_batch_size: must be 0 for backend omni_llm" in err
 
 
+def test_cli_check_runs_the_stage_config_classes_as_generation_does(tmp_path, capsys,
+                                                                   fake_tiny_models):
+    """One validator: a value the DiT stage's own config refuses fails --check, not only
+    generation (issue 14), and no tiny model is built for it."""
+    spec_path = write_spec(tmp_path, {"dit": {
+        "backend": "omni_dit", "model": "tiny:qwen2-tiny",
+        "engine_args": {"default_height": 100, "max_side": 512}}})
+    code, out, err = run_cli(["--check", spec_path], capsys)
+    assert code == 2 and out == ""
+    assert ("stages.dit.engine_args: default_height=100 must be a multiple of 16 between 16 and "
+            "max_side=512") in err
+    assert fake_tiny_models.built == []
+
+
 def test_cli_reports_a_bad_spec_with_exit_code_2_and_writes_nothing(tmp_path, capsys):
     spec_path = write_spec(tmp_path, {"llm": stage_data(engine_args={"max_modle_len": 1})})
     code, _, err = run_cli([spec_path, "-o", tmp_path / "repo"], capsys)
