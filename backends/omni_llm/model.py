@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -131,6 +132,7 @@ class TritonPythonModel:
             self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
         self.stage = LLMStage(engine_args, metrics=_TritonMetrics(self.model_name),
                               name=self.model_name)
+        self.stage.on_dead = self._unload_self
         self.stage.start()
         if self.stage.warmup_report:
             pb().Logger.log_info(f"{self.model_name}: {self.stage.warmup_report}")
@@ -159,6 +161,20 @@ class TritonPythonModel:
                             on_cancel=lambda rid=request_id: self.stage.abort(rid))
             self.stage.submit(req, outbox, arrival, client_id=client_id or None)
         return None
+
+    def _unload_self(self, why: str) -> None:
+        """A dead engine takes its model out of service, as vllm_backend does: with
+        --model-control-mode=explicit the model unloads (readiness off; load it again to
+        get a fresh engine); otherwise it stays loaded and answers UNAVAILABLE."""
+        def unload():
+            try:
+                pb().unload_model(self.model_name)
+                pb().Logger.log_error(f"{self.model_name}: {why}; unloading it")
+            except Exception as e:  # not in explicit model-control mode
+                pb().Logger.log_error(f"{self.model_name}: {why}; it answers UNAVAILABLE "
+                                      f"(it could not unload itself: {e})")
+
+        threading.Thread(target=unload, name=f"{self.model_name}-unload", daemon=True).start()
 
     def finalize(self):
         self.stage.shutdown()

@@ -136,6 +136,11 @@ class LLMStage:
         self.hidden_size = 0
         self._capture_dir: str | None = None  # where the engine writes hidden states
         self.hidden_states_unavailable = "the engine has not started"  # '' when available
+        # Once the engine has died: why ('' while it lives). Every request is then
+        # UNAVAILABLE naming the stage, and `on_dead` (the adapter's: unload the model)
+        # runs once.
+        self.dead = ""
+        self.on_dead: Callable[[str], None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
@@ -247,6 +252,9 @@ class LLMStage:
         if self._stopping.is_set() or self.engine is None:
             sink.fail(StageUnavailableError(f"stage {self.name} is not serving"))
             return
+        if self.dead:
+            sink.fail(StageUnavailableError(self.dead))
+            return
         arrival = time.perf_counter() if arrival is None else arrival
         with self._live_lock:
             aborted_early = client_id is not None and self._aborted_early.pop(client_id, None)
@@ -331,8 +339,22 @@ class LLMStage:
         data = multi_modal_data(req.media, req.prompt, self.media_shapes, self.name)
         return await self._render_prompt({"prompt": req.prompt, "multi_modal_data": data})
 
+    def _died(self, error: Exception) -> str:
+        """Record the engine's death (once) and say what a request gets from now on."""
+        if not self.dead:
+            self.dead = (f"stage {self.name} is unavailable: its vLLM engine died ({error}); "
+                         "reload the model (model control) or restart the server")
+            log.error("[%s] %s", self.name, self.dead)
+            if self.on_dead is not None:
+                try:
+                    self.on_dead(self.dead)
+                except Exception:  # the stage still answers UNAVAILABLE
+                    log.exception("[%s] on_dead failed", self.name)
+        return self.dead
+
     async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
         from vllm.exceptions import VLLMClientError  # noqa: PLC0415
+        from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
 
         capture = None
         try:
@@ -361,6 +383,8 @@ class LLMStage:
         except asyncio.CancelledError:
             await self.engine.abort(req.request_id)
             raise
+        except EngineDeadError as e:
+            sink.fail(StageUnavailableError(self._died(e)))
         except Exception as e:  # engine failure: that request fails, the stage reports it
             log.exception("[%s] request %s failed", self.name, req.request_id)
             sink.fail(e)

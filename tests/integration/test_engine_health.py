@@ -1,0 +1,107 @@
+"""A vLLM engine that dies takes its model out of service; a model-control load brings it back.
+
+Real tritonserver (text-chat, --model-control-mode=explicit), the engine-core process of
+the `llm` stage SIGKILLed while the server runs, as an OOM kill would.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from omni_tools.server import TritonServer
+
+from .omni_io import error_code
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llm"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine-health")
+    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
+    subprocess.run([str(cli), "--preset", "text-chat", "-o", str(root / "repo")], check=True,
+                   timeout=600)
+    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log",
+                          extra_args=["--model-control-mode=explicit", "--load-model=*"])
+    triton.start()
+    try:
+        yield triton
+    finally:
+        triton.stop()
+        print(f"\ntritonserver log: {triton.log_path}")
+
+
+def _generate(url: str, text: str = "hello") -> str:
+    """One non-streamed request to `llm` over a decoupled stream; its text or the error."""
+    results: list = []
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: results.append((result, error)))
+        prompt = grpcclient.InferInput("text_input", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([text.encode()], dtype=object))
+        params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+        params.set_data_from_numpy(np.array([b'{"max_tokens": 4, "temperature": 0}'], dtype=object))
+        client.async_stream_infer(MODEL, [prompt, params])
+        deadline = time.monotonic() + 60
+        while not results and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert results, "no response within 60 s"
+    result, error = results[0]
+    if error is not None:
+        raise error
+    return result.as_numpy("text_output")[0].decode()
+
+
+def _engine_cores(server) -> list[psutil.Process]:
+    procs = psutil.Process(server.proc.pid).children(recursive=True)
+    return [p for p in procs if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+
+
+def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(server):
+    url = server.grpc_url
+    assert _generate(url)
+    (core,) = _engine_cores(server)
+    os.kill(core.pid, signal.SIGKILL)
+
+    # requests are UNAVAILABLE naming the stage within seconds
+    deadline = time.monotonic() + 30
+    error = None
+    while time.monotonic() < deadline:
+        try:
+            _generate(url)
+        except InferenceServerException as e:
+            error = e
+            break
+        time.sleep(0.2)
+    assert error is not None, "the stage kept answering after its engine died"
+    assert error_code(error) == "UNAVAILABLE", error
+    assert f"stage {MODEL} is unavailable: its vLLM engine died" in str(error)
+
+    # and the model takes itself out of service (readiness off)
+    with grpcclient.InferenceServerClient(url) as client:
+        deadline = time.monotonic() + 60
+        while client.is_model_ready(MODEL) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not client.is_model_ready(MODEL), server.log_tail()
+        assert client.is_server_live()
+
+        # an explicit model-control load brings a fresh engine, no server restart
+        client.load_model(MODEL)
+        assert client.is_model_ready(MODEL)
+    assert _generate(url)
+    assert len(_engine_cores(server)) == 1
