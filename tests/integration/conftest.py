@@ -6,34 +6,19 @@ start); free ports; always stopped, logs kept under the pytest tmp dir.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from omni_tools.server import TritonServer
+from .servers import gen_repo, serving
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def _serve(preset: str, tmp_path_factory) -> TritonServer:
-    root = tmp_path_factory.mktemp(preset)
-    repo = root / "repo"
-    # The user's path: the venv's console script, then the venv's tritonserver.
-    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
-    subprocess.run([str(cli), "--preset", preset, "-o", str(repo)], check=True, timeout=600)
-    return TritonServer(repo, log_path=root / "tritonserver.log")
-
-
 def _session_server(preset: str, tmp_path_factory):
-    server = _serve(preset, tmp_path_factory)
-    server.start()
-    try:
+    root = tmp_path_factory.mktemp(preset)
+    # The user's path: the venv's console script, then the venv's tritonserver.
+    with serving(gen_repo(["--preset", preset], root / "repo"), root) as server:
         yield server
-    finally:
-        server.stop()
-        print(f"\ntritonserver log: {server.log_path}")
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -18,9 +15,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from omni_tools.server import TritonServer
-
 from .omni_io import error_code
+from .servers import gen_repo, serving
 
 pytestmark = pytest.mark.integration
 
@@ -30,17 +26,9 @@ MODEL = "llm"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine-health")
-    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
-    subprocess.run([str(cli), "--preset", "text-chat", "-o", str(root / "repo")], check=True,
-                   timeout=600)
-    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log",
-                          extra_args=["--model-control-mode=explicit", "--load-model=*"])
-    triton.start()
-    try:
-        yield triton
-    finally:
-        triton.stop()
-        print(f"\ntritonserver log: {triton.log_path}")
+    repo = gen_repo(["--preset", "text-chat"], root / "repo")
+    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as s:
+        yield s
 
 
 def _generate(url: str, text: str = "hello") -> str:

@@ -12,8 +12,6 @@ dropped or changed what the spec asked for.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,9 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from omni_tools.gen_repo import CONFIG_FILE, MANIFEST_FILE
-from omni_tools.server import TritonServer
 from omni_tools.spec import list_presets
+
+from .servers import gen_repo, serving
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +43,8 @@ def preset_server(request, tmp_path):
     if preset in SERVER_FIXTURES:
         yield request.getfixturevalue(SERVER_FIXTURES[preset])
         return
-    repo = tmp_path / "repo"
-    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
-    subprocess.run([str(cli), "--preset", preset, "-o", str(repo)], check=True, timeout=600)
-    server = TritonServer(repo, log_path=tmp_path / "tritonserver.log")
-    server.start()
-    try:
+    with serving(gen_repo(["--preset", preset], tmp_path / "repo"), tmp_path) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def generated_configs(repo: Path) -> dict[str, ModelConfig]:

@@ -11,21 +11,18 @@ again.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
 from omni_serve.orchestrator.routing import pick
-from omni_tools.server import TritonServer
 
 from .llm_io import metric
 from .omni_io import OmniStream, error_code, omni_inputs, run_omni
+from .servers import gen_repo, serving
 
 pytestmark = pytest.mark.integration
 
@@ -75,18 +72,10 @@ def _spec() -> dict:
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("session-affinity")
     (root / "spec.yaml").write_text(yaml.safe_dump(_spec(), sort_keys=False))
-    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
-    subprocess.run([str(cli), str(root / "spec.yaml"), "-o", str(root / "repo")], check=True,
-                   timeout=600)
+    repo = gen_repo([root / "spec.yaml"], root / "repo")
     # explicit model control: the last test unloads an engine and loads it again
-    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log",
-                          extra_args=["--model-control-mode=explicit", "--load-model=*"])
-    triton.start()
-    try:
-        yield triton
-    finally:
-        triton.stop()
-        print(f"\ntritonserver log: {triton.log_path}")
+    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as s:
+        yield s
 
 
 def _counters(server) -> dict[str, dict[str, float]]:

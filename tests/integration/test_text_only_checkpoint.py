@@ -7,16 +7,14 @@ omni-chat --model DIR` leaves the talker and the audio decoder out.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from omni_tools import tiny_models
-from omni_tools.server import TritonServer
 
 from .omni_io import error_code, run_omni
+from .servers import gen_repo, serving
 
 pytestmark = pytest.mark.integration
 
@@ -40,17 +38,10 @@ def _text_only_copy(source: Path, out: Path) -> Path:
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("text-only")
     folder = _text_only_copy(tiny_models.ensure_model("qwen2.5-omni-tiny"), root / "checkpoint")
-    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
-    subprocess.run([str(cli), "--preset", "omni-chat", "--model", str(folder),
-                    "-o", str(root / "repo")], check=True, timeout=600)
-    assert not (root / "repo" / "talker").exists() and not (root / "repo" / "audio_decoder").exists()
-    triton = TritonServer(root / "repo", log_path=root / "tritonserver.log")
-    triton.start()
-    try:
-        yield triton
-    finally:
-        triton.stop()
-        print(f"\ntritonserver log: {triton.log_path}")
+    repo = gen_repo(["--preset", "omni-chat", "--model", folder], root / "repo")
+    assert not (repo / "talker").exists() and not (repo / "audio_decoder").exists()
+    with serving(repo, root) as server:
+        yield server
 
 
 def test_text_is_served_and_audio_is_refused_clearly(server):

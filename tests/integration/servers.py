@@ -1,0 +1,35 @@
+"""Generate a repository and serve it with a real tritonserver, for the integration tests.
+
+One way to do it for every fixture: `omni-gen-repo` (the venv's console script, the
+user's path) writes the repository, `serving` starts a TritonServer on free ports and
+always stops it, printing where its log is.
+"""
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from omni_tools.server import TritonServer
+
+
+def gen_repo(args: Sequence[str | Path], out: Path) -> Path:
+    """`omni-gen-repo ARGS -o OUT` (a spec file, or --preset NAME [--model DIR])."""
+    cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
+    subprocess.run([str(cli), *map(str, args), "-o", str(out)], check=True, timeout=600)
+    return out
+
+
+@contextlib.contextmanager
+def serving(repo: Path, log_dir: Path, *, extra_args: Sequence[str] = (),
+            timeout: float = 300.0) -> Iterator[TritonServer]:
+    """A started tritonserver for `repo`, stopped on exit (log in `log_dir`)."""
+    server = TritonServer(repo, log_path=log_dir / "tritonserver.log", extra_args=list(extra_args))
+    server.start(timeout=timeout)
+    try:
+        yield server
+    finally:
+        server.stop()
+        print(f"\ntritonserver log: {server.log_path}")
