@@ -2,7 +2,8 @@
 
 Thin by design: engine.json -> OrchestratorConfig; each request is parsed,
 then runs as one task of OmniPipeline on the orchestrator's own event loop,
-calling the other stages over BLS. Its events go out through the shared
+calling the other stages over Triton gRPC (or BLS with `transport: bls`).
+Its events go out through the shared
 ResponseSender (text deltas, audio chunks and codec ids that pile up are
 merged into one response); a client cancel cancels the task, which aborts
 every child stream. Per-request timings feed Triton's /metrics.

@@ -128,8 +128,9 @@ class LLM:
              RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS,
              RETURN_HIDDEN_STATES, HIDDEN_STATES_IN_SHM, RETURN_INPUT_TOKEN_IDS)
     # Request parameter of a control request: abort the live request whose
-    # Triton request id is its value (BLS callers cannot cancel a child stream
-    # in Triton 2.51, so the orchestrator asks the stage directly).
+    # Triton request id is its value: a gRPC cancel racing a request's
+    # completion can abort Triton 2.51 (upstream #7368) and BLS callers cannot
+    # cancel a child stream there, so the orchestrator asks the stage directly.
     ABORT_PARAMETER = "omni_abort"
 
 

@@ -1,4 +1,4 @@
-"""omni-chat against a real tritonserver: encoders -> thinker -> talker -> Token2Wav, via BLS."""
+"""omni-chat against a real tritonserver: encoders -> thinker -> talker -> Token2Wav (gRPC)."""
 from __future__ import annotations
 
 import io
