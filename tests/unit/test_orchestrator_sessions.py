@@ -124,11 +124,12 @@ def test_the_thinker_role_takes_one_name_or_a_list():
 
 
 @pytest.mark.parametrize("thinker,message", [
-    ([], "name at least one thinker model"),
-    (["llm_a", "llm_a"], "each thinker model may be named once"),
+    ([], "thinker: an empty list; name at least one omni_llm stage"),
+    (["llm_a", "llm_a"], "thinker.1: stage 'llm_a' is named twice"),
     (["llm_a", ""], "must not be empty"),
 ])
 def test_a_bad_thinker_list_is_refused(thinker, message):
+    """The same rules and words as omni-gen-repo's spec check (config.role_problems)."""
     with pytest.raises(ValidationError, match=message):
         config(stages={"thinker": thinker})
 

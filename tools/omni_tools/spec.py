@@ -39,7 +39,14 @@ from pydantic import (
 )
 
 from omni_serve.contract import CONTRACTS
-from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
+
+# The orchestrator's roles: its own config is the one place their rules live.
+from omni_serve.orchestrator.config import (
+    MULTI_STAGE_ROLES,  # noqa: F401 (re-exported)
+    ROLE_BACKENDS,
+    SHM_MIN_BYTES_DEFAULT,
+    role_problems,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +54,6 @@ logger = logging.getLogger(__name__)
 Backend = Literal["omni_llm", "omni_dit", "omni_encoder", "omni_audio", "omni_orchestrator"]
 # Backends without a checkpoint of their own (they call the other stages).
 MODELLESS_BACKENDS = frozenset({"omni_orchestrator"})
-# Which backend each orchestrator role must name.
-ROLE_BACKENDS = {
-    "thinker": "omni_llm", "talker": "omni_llm", "image_encoder": "omni_encoder",
-    "audio_encoder": "omni_encoder", "audio_decoder": "omni_audio",
-    "image_generator": "omni_dit",
-}
-# Roles that may name a list of stages: engines the orchestrator routes between
-# (session affinity, else the least busy; omni_serve.orchestrator.routing).
-MULTI_STAGE_ROLES = frozenset({"thinker"})
 InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
 
 # Backends whose engine batches by itself: Triton must hand requests over one by one.
@@ -501,41 +499,20 @@ class PipelineSpec(_Strict):
 
     @model_validator(mode="after")
     def _orchestrator_roles_exist(self) -> PipelineSpec:
+        """The orchestrator's own role rules (omni_serve.orchestrator.config.role_problems),
+        then what only the spec can check: each name is a stage of the right backend."""
         problems = []
         for name, stage in self.stages.items():
             if stage.backend != "omni_orchestrator":
                 continue
             roles = stage.engine_args.get("stages")
-            if not isinstance(roles, Mapping):
-                problems.append(((("stages", name, "engine_args", "stages"),
-                                  f"required: a mapping of roles ({', '.join(ROLE_BACKENDS)}) "
-                                  "to stage names")))
-                continue
-            for role, target in roles.items():
-                where = ("stages", name, "engine_args", "stages", role)
-                if role not in ROLE_BACKENDS:
-                    problems.append((where, f"unknown role; roles: {', '.join(ROLE_BACKENDS)}"))
-                    continue
-                if not isinstance(target, list):
-                    problems.extend(self._role_target_problems(where, role, target))
-                elif role not in MULTI_STAGE_ROLES:
-                    problems.append((where, f"one stage name (only the "
-                                            f"{', '.join(sorted(MULTI_STAGE_ROLES))} role takes "
-                                            "a list)"))
-                elif not target:
-                    problems.append((where, f"an empty list; name at least one "
-                                            f"{ROLE_BACKENDS[role]} stage"))
-                else:
-                    for i, item in enumerate(target):
-                        if item is None:
-                            problems.append(((*where, i), "must be a stage name"))
-                        elif item in target[:i]:
-                            problems.append(((*where, i), f"stage {item!r} is named twice"))
-                        else:
-                            problems.extend(self._role_target_problems((*where, i), role, item))
-            if "thinker" not in roles:
-                problems.append((("stages", name, "engine_args", "stages", "thinker"),
-                                 "required key is missing"))
+            base = ("stages", name, "engine_args", "stages")
+            own = role_problems(roles)
+            problems.extend(((*base, *where), message) for where, message in own)
+            bad = {where[:1] for where, _ in own}
+            for role, target, path in role_targets(roles):
+                if role in ROLE_BACKENDS and (role,) not in bad and isinstance(target, str):
+                    problems.extend(self._role_target_problems((*base, *path), role, target))
         if problems:
             raise _Problems(*problems)
         return self

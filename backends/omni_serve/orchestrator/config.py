@@ -5,6 +5,7 @@ generator writes it from the pipeline spec. Unknown keys are an error.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +27,55 @@ OPENAI_VOICE_MAP: dict[str, str] = {
 }
 
 
+# The orchestrator's roles and the backend each must name (the stage's kind of work).
+ROLE_BACKENDS = {
+    "thinker": "omni_llm", "talker": "omni_llm", "image_encoder": "omni_encoder",
+    "audio_encoder": "omni_encoder", "audio_decoder": "omni_audio",
+    "image_generator": "omni_dit",
+}
+# Roles that may name a list of stages: engines the orchestrator routes between
+# (session affinity, else the least busy; omni_serve.orchestrator.routing).
+MULTI_STAGE_ROLES = frozenset({"thinker"})
+
+Where = tuple[str | int, ...]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def role_problems(roles: Any) -> list[tuple[Where, str]]:
+    """What is wrong with an orchestrator's `stages` mapping on its own: (key path, message)
+    per problem. The one place these rules live: StageRoles raises them, and omni-gen-repo's
+    spec check reports them with the spec's path (and checks the names against its stages)."""
+    if not isinstance(roles, Mapping):
+        return [((), f"required: a mapping of roles ({', '.join(ROLE_BACKENDS)}) to stage names")]
+    problems: list[tuple[Where, str]] = []
+    for role, target in roles.items():
+        if role not in ROLE_BACKENDS:
+            problems.append(((role,), f"unknown role; roles: {', '.join(ROLE_BACKENDS)}"))
+        elif not isinstance(target, (list, tuple)):
+            if target is not None and not isinstance(target, str):
+                problems.append(((role,), f"must be a stage name (got {_short(target)})"))
+        elif role not in MULTI_STAGE_ROLES:
+            problems.append(((role,), f"one stage name (only the "
+                                      f"{', '.join(sorted(MULTI_STAGE_ROLES))} role takes a list)"))
+        elif not target:
+            problems.append(((role,), f"an empty list; name at least one {ROLE_BACKENDS[role]} "
+                                      "stage"))
+        else:
+            for i, item in enumerate(target):
+                if not isinstance(item, str):
+                    problems.append(((role, i), "must be a stage name" if item is None
+                                     else f"must be a stage name (got {_short(item)})"))
+                elif item in target[:i]:
+                    problems.append(((role, i), f"stage {item!r} is named twice"))
+    if "thinker" not in roles:
+        problems.append((("thinker",), "required key is missing"))
+    return problems
+
+
 class StageRoles(BaseModel):
     """Triton model names of the stages; a missing role disables what needs it.
 
@@ -45,16 +95,21 @@ class StageRoles(BaseModel):
     audio_decoder: str | None = None
     image_generator: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _roles(cls, data: Any) -> Any:
+        problems = role_problems(data)
+        if problems:
+            raise ValueError("; ".join(
+                f"{'.'.join(map(str, where)) or 'stages'}: {message}" for where, message in problems))
+        return data
+
     @field_validator("thinker")
     @classmethod
     def _thinkers(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
         names = (value,) if isinstance(value, str) else value
-        if not names:
-            raise ValueError("name at least one thinker model")
-        if any(not name for name in names):
+        if any(not name for name in names):  # the rest is role_problems'
             raise ValueError("model names must not be empty")
-        if len(set(names)) != len(names):
-            raise ValueError(f"each thinker model may be named once, got {list(names)}")
         return value
 
     @property

@@ -81,3 +81,23 @@ def test_bad_thinker_lists_name_the_key(tmp_path, roles, expected):
     data = engines_spec(tmp_path, None)
     data["stages"]["omni"]["engine_args"]["stages"] = roles
     assert problems(tmp_path, data) == expected
+
+
+@pytest.mark.parametrize("roles", [
+    {"thinker": []}, {"thinker": ["llm_a", "llm_a"]}, {"thinker": ["llm_a", 3]},
+    {"thinker": "llm_a", "image_encoder": ["enc"]}, {"thinker": "llm_a", "painter": "enc"},
+    {"image_encoder": "enc"},
+])
+def test_the_spec_and_the_orchestrator_apply_one_set_of_role_rules(tmp_path, roles):
+    """Issue 14: the orchestrator's config is the single validator of its roles; the spec
+    check reports the very same problems, at the spec's path."""
+    from pydantic import ValidationError
+
+    from omni_serve.orchestrator.config import OrchestratorConfig
+
+    data = engines_spec(tmp_path, None)
+    data["stages"]["omni"]["engine_args"]["stages"] = roles
+    from_spec = [p.removeprefix(f"{WHERE}.").replace("[1]", ".1") for p in problems(tmp_path, data)]
+    with pytest.raises(ValidationError) as info:
+        OrchestratorConfig.model_validate({"stages": roles})
+    assert from_spec and all(problem in str(info.value) for problem in from_spec), from_spec
