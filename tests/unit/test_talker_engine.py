@@ -88,3 +88,14 @@ def test_a_partly_written_row_is_not_ready(feed):
 ])
 def test_only_hidden_state_files_are_read(path, ok):
     assert te.valid_source(path) is ok
+
+
+def test_a_file_removed_between_the_check_and_the_read_runs_out_on_pad(feed, monkeypatch):
+    """The orchestrator removes the thinker's file when its request ends; a talker step
+    already scheduled must not fail (it would take the engine, and every request on it,
+    down): found in a fresh-clone CI run."""
+    os.unlink(feed["file"])
+    monkeypatch.setattr(te, "ended_rows", lambda path: None)  # it still existed at the check
+    monkeypatch.setattr(te, "rows_written", lambda path, width: 6)
+    extra, _ = te.reply_vectors(feed, 6, 2, TAIL)
+    assert (extra == TAIL[1]).all()

@@ -163,7 +163,11 @@ class _StepFeed:
 
         def _model_forward(*args, **kwargs):
             if self.scheduler_output is not None:
-                self.prepare(kwargs)
+                try:
+                    self.prepare(kwargs)
+                except Exception:  # never kill the engine (and every request on it) for one feed
+                    log.exception("omni: the talker feed failed; this step runs without it")
+                    self.runner.model.omni_extra = None
             return forward(*args, **kwargs)
 
         runner.execute_model = execute_model
@@ -207,6 +211,19 @@ class _StepFeed:
             kwargs["positions"] = positions
 
 
+def _read_rows(path: str, lo: int, hi: int, width: int) -> np.ndarray | None:
+    """Rows [lo, hi) of a capture file, or None when it is gone (or cut short)."""
+    size = (hi - lo) * width * _ROW.itemsize
+    try:
+        with open(path, "rb") as f:
+            raw = os.pread(f.fileno(), size, lo * width * _ROW.itemsize)
+    except FileNotFoundError:
+        return None
+    if len(raw) != size:
+        return None
+    return np.frombuffer(raw, np.float32).reshape(-1, width)
+
+
 def reply_vectors(feed: dict, start: int, n: int, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(extra [n, E] float32, positions [3, n] int64) of talker positions start..start+n-1."""
     width, prompt_len = feed["width"], feed["prompt_len"]
@@ -226,11 +243,11 @@ def reply_vectors(feed: dict, start: int, n: int, tail: np.ndarray) -> tuple[np.
         wanted = [q - 1 for q in decode if q - 1 < have]
         data = None
         if wanted:
-            lo, hi = wanted[0], wanted[-1] + 1
-            with open(feed["file"], "rb") as f:
-                raw = os.pread(f.fileno(), (hi - lo) * width * _ROW.itemsize, lo * width * _ROW.itemsize)
-            data = np.frombuffer(raw, np.float32).reshape(-1, width)
-            data = data[:, :half] + data[:, half:]
+            data = _read_rows(feed["file"], wanted[0], wanted[-1] + 1, width)
+            if data is None:  # removed as we read: its request is over, run out on pad
+                final, have, wanted = -1, 0, []
+            else:
+                data = data[:, :half] + data[:, half:]
         for q in decode:
             k, row = q - start, q - 1
             if row < have:
