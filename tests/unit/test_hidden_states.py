@@ -183,6 +183,19 @@ def test_a_handed_over_file_outlives_the_request_until_its_caller_deletes_it(cap
     np.testing.assert_array_equal(hidden, rows[3:, H:])
 
 
+def test_a_handed_over_file_its_caller_removed_is_not_waited_for(capture_dir):
+    """The caller (the orchestrator) removes the file when its request ends, e.g. on a
+    cancel; the engine can no longer write to it, so the stage must not wait the rows out
+    (it did, 5 s, then failed the request uncounted: found in a fresh-clone CI run)."""
+    capture = CaptureFile(str(capture_dir), H)
+    os.pwrite(os.open(capture.path, os.O_WRONLY), np.zeros((2, 2 * H), np.float32).tobytes(), 0)
+    capture.handed_over = True
+    os.unlink(capture.path)
+    # rows 2, 3 will never come: no MissingRowsError after the timeout, an answer now
+    assert asyncio.run(capture.span_until(4, timeout_s=5.0)) == (0, 4, 2 * H)
+    capture.close()
+
+
 def test_handed_over_files_left_behind_are_removed_when_a_capture_starts(capture_dir):
     old, fresh = capture_dir / "left-behind", capture_dir / "being-read"
     old.write_bytes(b"x")

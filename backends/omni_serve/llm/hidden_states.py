@@ -179,7 +179,11 @@ class CaptureFile:
         accounts for it, so normally no wait at all)."""
         row_bytes = self.width * _ROW.itemsize
         deadline = time.monotonic() + timeout_s
-        while os.fstat(self._fd).st_size < rows * row_bytes:
+        while (stat := os.fstat(self._fd)).st_size < rows * row_bytes:
+            if stat.st_nlink == 0:
+                # the caller removed the handed-over file (its request is over, e.g.
+                # cancelled): the engine can no longer write to it, and nobody reads it
+                return
             if time.monotonic() > deadline:
                 have = os.fstat(self._fd).st_size // row_bytes
                 raise MissingRowsError(f"hidden states of positions {have}..{rows - 1} never "

@@ -237,7 +237,10 @@ class TalkerPrompter:
 
 
 def write_final_rows(path: str, rows: int) -> None:
-    """The thinker stage's last word on a handed-over file: how many rows it holds."""
+    """The thinker stage's last word on a handed-over file: how many rows it holds (nothing
+    when its caller has removed it already: nobody reads the count then)."""
+    if not os.path.exists(path):
+        return
     tmp = f"{path}{talker_engine.ROWS_SUFFIX}.tmp"
     with open(tmp, "w") as f:
         f.write(str(rows))
