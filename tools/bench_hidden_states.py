@@ -66,7 +66,7 @@ def _one(url: str, mode: str, max_tokens: int) -> int:
             if mode == "shm" and result.as_numpy(LLM.HIDDEN_STATES_ROWS) is not None:
                 path = result.as_numpy(LLM.HIDDEN_STATES_FILE)[0].decode()
                 first, count, width = result.as_numpy(LLM.HIDDEN_STATES_ROWS).tolist()
-                rows += len(read_rows(path, first, count, width)[1])
+                rows += len(read_rows(path, first, count, width))
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return rows
     finally:

@@ -20,7 +20,7 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from omni_serve.contract import LLM
-from omni_serve.llm.hidden_states import read_rows
+from omni_serve.llm.hidden_states import read_rows, split_rows
 from omni_tools.tiny_models import ensure_model
 
 from .omni_io import png, tone
@@ -93,7 +93,7 @@ def serve(url: str, *, prompt: str | None = None, prompt_ids: list[int] | None =
                     path = result.as_numpy(LLM.HIDDEN_STATES_FILE)[0].decode()
                     first, count, width = result.as_numpy(LLM.HIDDEN_STATES_ROWS).tolist()
                     assert first == sum(served.rows_per_response)
-                    embeds, hidden = read_rows(path, first, count, width)
+                    embeds, hidden = split_rows(read_rows(path, first, count, width))
                     served.files.add(path)
                 else:
                     embeds = result.as_numpy(LLM.INPUT_EMBEDS)

@@ -178,7 +178,7 @@ def test_a_handed_over_file_outlives_the_request_until_its_caller_deletes_it(cap
     assert asyncio.run(capture.span_until(5)) == (3, 2, 2 * H)
     capture.handed_over = True
     capture.close()
-    embeds, hidden = hidden_states.read_rows(capture.path, 3, 2, 2 * H)
+    embeds, hidden = hidden_states.split_rows(hidden_states.read_rows(capture.path, 3, 2, 2 * H))
     np.testing.assert_array_equal(embeds, rows[3:, :H])
     np.testing.assert_array_equal(hidden, rows[3:, H:])
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omni_serve.llm import talker_engine as te
-from omni_serve.llm.talker import write_final_rows
+from omni_serve.llm.hidden_states import write_final_rows
 
 HALF = 4  # embedding width; a row is [embedding | hidden]
 TAIL = np.stack([np.full(HALF, 100.0), np.full(HALF, 200.0)]).astype(np.float32)  # eos, pad
@@ -74,7 +74,7 @@ def test_a_removed_file_lets_the_request_run_out_on_pad(feed):
 def test_a_partly_written_row_is_not_ready(feed):
     with open(feed["file"], "ab") as f:
         f.write(_rows(7)[6, : HALF].tobytes())  # half of row 6
-    assert te.rows_written(feed["file"], feed["width"]) == 6
+    assert te.rows_in(feed["file"], feed["width"]) == 6
     assert not te.vector_ready(feed, 7)
 
 
@@ -96,6 +96,6 @@ def test_a_file_removed_between_the_check_and_the_read_runs_out_on_pad(feed, mon
     down): found in a fresh-clone CI run."""
     os.unlink(feed["file"])
     monkeypatch.setattr(te, "ended_rows", lambda path: None)  # it still existed at the check
-    monkeypatch.setattr(te, "rows_written", lambda path, width: 6)
+    monkeypatch.setattr(te, "rows_in", lambda path, width: 6)
     extra, _ = te.reply_vectors(feed, 6, 2, TAIL)
     assert (extra == TAIL[1]).all()

@@ -177,15 +177,15 @@ class CaptureFile:
     async def wait_for(self, rows: int, timeout_s: float = 5.0) -> None:
         """Until the file holds `rows` rows (the worker's write precedes the output that
         accounts for it, so normally no wait at all)."""
-        row_bytes = self.width * _ROW.itemsize
+        size = rows * row_bytes(self.width)
         deadline = time.monotonic() + timeout_s
-        while (stat := os.fstat(self._fd)).st_size < rows * row_bytes:
+        while (stat := os.fstat(self._fd)).st_size < size:
             if stat.st_nlink == 0:
                 # the caller removed the handed-over file (its request is over, e.g.
                 # cancelled): the engine can no longer write to it, and nobody reads it
                 return
             if time.monotonic() > deadline:
-                have = os.fstat(self._fd).st_size // row_bytes
+                have = os.fstat(self._fd).st_size // row_bytes(self.width)
                 raise MissingRowsError(f"hidden states of positions {have}..{rows - 1} never "
                                        f"arrived from the engine")
             await asyncio.sleep(0.001)
@@ -195,8 +195,8 @@ class CaptureFile:
         if rows <= self.rows_read:
             return np.zeros((0, self.width), np.float32)
         await self.wait_for(rows, timeout_s)
-        row_bytes = self.width * _ROW.itemsize
-        raw = os.pread(self._fd, (rows - self.rows_read) * row_bytes, self.rows_read * row_bytes)
+        step = row_bytes(self.width)
+        raw = os.pread(self._fd, (rows - self.rows_read) * step, self.rows_read * step)
         self.rows_read = rows
         return np.frombuffer(raw, np.float32).reshape(-1, self.width).copy()
 
@@ -233,10 +233,80 @@ def _remove_stale(directory: str, ttl_s: float = HANDED_OVER_TTL_S) -> None:
             pass
 
 
-def read_rows(path: str, first: int, count: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(input embeddings, hidden states) of rows [first, first + count) of a handed-over file
-    (the caller's side of hidden_states_in_shm; it deletes the file when done)."""
-    with open(path, "rb") as f:
-        raw = os.pread(f.fileno(), count * width * _ROW.itemsize, first * width * _ROW.itemsize)
-    rows = np.frombuffer(raw, np.float32).reshape(-1, width)
-    return rows[:, : width // 2].copy(), rows[:, width // 2:].copy()
+# --- a handed-over file (read by any process on the host) -------------------------------
+# The thinker stage's caller (the orchestrator) and the talker (stage and engine) read a
+# handed-over file while the thinker's engine is still writing it; these are the only
+# readers of its layout. When the thinker request ends, the stage writes the final row
+# count beside it (`<file>.rows`); the caller removes both when its request is over.
+
+ROWS_SUFFIX = ".rows"
+
+
+def row_bytes(width: int) -> int:
+    return width * _ROW.itemsize
+
+
+def rows_in(path: str, width: int) -> int | None:
+    """Whole rows in the file so far, None once it is gone."""
+    try:
+        return os.stat(path).st_size // row_bytes(width)
+    except FileNotFoundError:
+        return None
+
+
+def read_rows(path: str, first: int, count: int, width: int) -> np.ndarray | None:
+    """Rows [first, first + count) as a (count, width) float32 array; None when the file is
+    gone or holds fewer rows."""
+    size = count * row_bytes(width)
+    try:
+        with open(path, "rb") as f:
+            raw = os.pread(f.fileno(), size, first * row_bytes(width))
+    except FileNotFoundError:
+        return None
+    if len(raw) != size:
+        return None
+    return np.frombuffer(raw, np.float32).reshape(count, width).copy()
+
+
+def split_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(input embeddings, hidden states) of rows [embedding | hidden]."""
+    half = rows.shape[-1] // 2
+    return rows[:, :half], rows[:, half:]
+
+
+def write_final_rows(path: str, rows: int) -> None:
+    """The thinker stage's last word on a handed-over file: how many rows it holds (nothing
+    when its caller has removed it already: nobody reads the count then)."""
+    if not os.path.exists(path):
+        return
+    tmp = f"{path}{ROWS_SUFFIX}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(rows))
+    os.replace(tmp, path + ROWS_SUFFIX)
+
+
+def final_rows(path: str) -> int | None:
+    """The thinker's final row count once its request has ended, else None."""
+    try:
+        with open(path + ROWS_SUFFIX) as f:
+            return int(f.read().strip() or "-1")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def ended_rows(path: str) -> int | None:
+    """The thinker's final row count, -1 once its file is gone (its caller removed it: the
+    request is over), else None while it may still grow."""
+    final = final_rows(path)
+    if final is None and not os.path.exists(path):
+        return -1
+    return final
+
+
+def remove_handed_over(path: str) -> None:
+    """The caller's end of a handed-over file: delete it and its row count."""
+    for name in (path, path + ROWS_SUFFIX):
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass

@@ -440,7 +440,7 @@ class LLMStage:
                     span = await capture.span_until(want)
                     capture.handed_over = True  # the caller reads it and deletes it
                     if out.finished:  # a talker reading it learns where the reply ends
-                        talker.write_final_rows(capture.path, want)
+                        hidden_states.write_final_rows(capture.path, want)
                 else:
                     rows = await capture.read_until(want)
             if out.finished:  # counted before the final response goes: whoever has it sees them

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
-from omni_serve.llm import talker_engine
+from omni_serve.llm import hidden_states, talker_engine
 
 ARCHITECTURE = "OmniTalkerForConditionalGeneration"  # registered by llm/vllm_models.py
 ENGINE_ARG = "talker"  # engine_args key that makes an omni_llm stage a talker
@@ -44,7 +43,6 @@ SPEAKERS_FILE = "spk_dict.pt"
 DEFAULT_SAMPLING: dict[str, Any] = {
     "temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05, "max_tokens": 4096,
 }
-_ROW = np.dtype(np.float32)
 
 
 def engine_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +187,7 @@ class TalkerPrompter:
                                f"over (hidden_states_in_shm), got {req.source!r}")
         n = len(req.prompt_token_ids)
         rows = await self._wait_rows(req.source, n + 1, timeout_s)
-        embed, hidden = rows[:, : self.width // 2].copy(), rows[:, self.width // 2:]
+        embed, hidden = hidden_states.split_rows(rows)
         ids = np.asarray(req.prompt_token_ids)
         embed[:n][np.isin(ids, list(self.media_ids))] = 0.0  # transformers zeroes media rows
         summed = embed + hidden
@@ -212,36 +210,20 @@ class TalkerPrompter:
 
     async def _wait_rows(self, path: str, rows: int, timeout_s: float) -> np.ndarray:
         """Rows [0, rows) of the thinker's file once written (polled until the deadline)."""
-        row_bytes = self.width * _ROW.itemsize
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError as e:
+            have = hidden_states.rows_in(path, self.width)
+            if have is None:
                 raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
-                                   f"{path} does not exist (the thinker request ended?)") from e
-            if size >= rows * row_bytes:
-                break
-            final = talker_engine.final_rows(path)
+                                   f"{path} does not exist (the thinker request ended?)")
+            if have >= rows and (data := hidden_states.read_rows(path, 0, rows, self.width)) is not None:
+                return data
+            final = hidden_states.final_rows(path)
             if final is not None and final < rows:
                 raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
                                    f"the thinker's reply ended after {final} rows; the talker "
                                    f"needs {rows} (a reply of at least 2 tokens)")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the thinker wrote {size // row_bytes} of the {rows} rows the "
+                raise TimeoutError(f"the thinker wrote {have} of the {rows} rows the "
                                    f"talker's prompt needs within {timeout_s:g} s")
             await asyncio.sleep(0.002)
-        with open(path, "rb") as f:
-            raw = os.pread(f.fileno(), rows * row_bytes, 0)
-        return np.frombuffer(raw, np.float32).reshape(rows, self.width)
-
-
-def write_final_rows(path: str, rows: int) -> None:
-    """The thinker stage's last word on a handed-over file: how many rows it holds (nothing
-    when its caller has removed it already: nobody reads the count then)."""
-    if not os.path.exists(path):
-        return
-    tmp = f"{path}{talker_engine.ROWS_SUFFIX}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(rows))
-    os.replace(tmp, path + talker_engine.ROWS_SUFFIX)

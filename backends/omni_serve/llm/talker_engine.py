@@ -34,37 +34,21 @@ import time
 
 import numpy as np
 
+from omni_serve.llm.hidden_states import ended_rows, read_rows, rows_in
+
 log = logging.getLogger("vllm.omni_talker")
 
 EXTRA_ARG = "omni_talker"
 SCHEDULER = "omni_serve.llm.talker_engine.TalkerScheduler"
 EXTENSION = "omni_serve.llm.talker_engine.TalkerExtension"
 RPC = "omni_install_talker_feed"
-ROWS_SUFFIX = ".rows"
 IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
 # only capture files of a hidden-states directory (hidden_states.make_directory)
 _SOURCE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
-_ROW = np.dtype(np.float32)
 
 
 def valid_source(path: str) -> bool:
     return isinstance(path, str) and bool(_SOURCE.match(path)) and ".." not in path
-
-
-def final_rows(path: str) -> int | None:
-    """The thinker's final row count once its request has ended, else None."""
-    try:
-        with open(path + ROWS_SUFFIX) as f:
-            return int(f.read().strip() or "-1")
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def rows_written(path: str, width: int) -> int:
-    try:
-        return os.stat(path).st_size // (width * _ROW.itemsize)
-    except FileNotFoundError:
-        return 0
 
 
 def feed_of(request) -> dict | None:
@@ -74,21 +58,12 @@ def feed_of(request) -> dict | None:
     return feed if isinstance(feed, dict) else None
 
 
-def ended_rows(path: str) -> int | None:
-    """The thinker's final row count, -1 once its file is gone (its caller removed it: the
-    request is over, run on to the end rather than wait for ever), else None."""
-    final = final_rows(path)
-    if final is None and not os.path.exists(path):
-        return -1
-    return final
-
-
 def vector_ready(feed: dict, position: int) -> bool:
     """Can talker position `position` be computed now?"""
     if position < feed["prompt_len"]:
         return True
-    row = position - 1
-    if row < rows_written(feed["file"], feed["width"]):
+    have = rows_in(feed["file"], feed["width"])
+    if have is not None and position - 1 < have:
         return True
     return ended_rows(feed["file"]) is not None
 
@@ -211,19 +186,6 @@ class _StepFeed:
             kwargs["positions"] = positions
 
 
-def _read_rows(path: str, lo: int, hi: int, width: int) -> np.ndarray | None:
-    """Rows [lo, hi) of a capture file, or None when it is gone (or cut short)."""
-    size = (hi - lo) * width * _ROW.itemsize
-    try:
-        with open(path, "rb") as f:
-            raw = os.pread(f.fileno(), size, lo * width * _ROW.itemsize)
-    except FileNotFoundError:
-        return None
-    if len(raw) != size:
-        return None
-    return np.frombuffer(raw, np.float32).reshape(-1, width)
-
-
 def reply_vectors(feed: dict, start: int, n: int, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(extra [n, E] float32, positions [3, n] int64) of talker positions start..start+n-1."""
     width, prompt_len = feed["width"], feed["prompt_len"]
@@ -239,11 +201,11 @@ def reply_vectors(feed: dict, start: int, n: int, tail: np.ndarray) -> tuple[np.
     decode = [q for q in range(start, start + n) if q >= prompt_len]
     if decode:
         final = ended_rows(feed["file"])
-        have = rows_written(feed["file"], width) if final is None else max(final, 0)
+        have = (rows_in(feed["file"], width) or 0) if final is None else max(final, 0)
         wanted = [q - 1 for q in decode if q - 1 < have]
         data = None
         if wanted:
-            data = _read_rows(feed["file"], wanted[0], wanted[-1] + 1, width)
+            data = read_rows(feed["file"], wanted[0], len(wanted), width)
             if data is None:  # removed as we read: its request is over, run out on pad
                 final, have, wanted = -1, 0, []
             else:

@@ -32,7 +32,7 @@ import numpy as np
 
 from omni_serve.audio.request import chunk_plan
 from omni_serve.contract import AUDIO, LLM
-from omni_serve.llm.talker_engine import ROWS_SUFFIX  # the thinker's final row count file
+from omni_serve.llm.hidden_states import remove_handed_over
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import AudioChunk, CodecIds, Event, Timings
 from omni_serve.orchestrator.request import OmniRequest
@@ -69,9 +69,7 @@ class ThinkerRows:
     def remove(self) -> None:
         """Delete the handed-over file (the caller owns it) and its row count."""
         if self.file:
-            for path in (self.file, self.file + ROWS_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            remove_handed_over(self.file)
 
 
 # the thinker inputs that keep its rows for the talker
