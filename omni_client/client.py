@@ -307,7 +307,7 @@ class OmniClient:
             history: earlier turns, [{"role": "user"|"assistant", "content": str}].
             talker_sampling: the talker's sampling (omni pipelines with speech):
                 any of temperature (0: greedy), top_k, top_p,
-                repetition_penalty, max_tokens; unset keys keep the
+                repetition_penalty, max_tokens, min_tokens; unset keys keep the
                 checkpoint's defaults. Its seed is `seed`.
             stream_audio: False decodes the whole utterance at once and sends
                 it as one AudioChunk (default, None: the server's, streamed).

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from omni_serve import stubs
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
@@ -35,6 +36,7 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
+        stubs.register(args)  # the orchestrator learns from it when this stub dies
         self.model_name = args["model_name"]
         self.cfg = stage_config(args, AudioStageConfig)
         self.runner = AudioRunner(self.cfg)

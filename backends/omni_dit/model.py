@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from omni_serve import stubs
 from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import parse_request
@@ -26,6 +27,7 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
+        stubs.register(args)  # the orchestrator learns from it when this stub dies
         self.model_name = args["model_name"]
         self.cfg = stage_config(args, DitStageConfig)
         self.runner = DitRunner(self.cfg)

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from omni_serve import stubs
 from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
@@ -36,6 +37,7 @@ def _media(request) -> bytes:
 class TritonPythonModel:
     def initialize(self, args):
         apply_stage_env(args)
+        stubs.register(args)  # the orchestrator learns from it when this stub dies
         self.model_name = args["model_name"]
         self.cfg = stage_config(args, EncoderStageConfig)
         self.runner = EncoderRunner(self.cfg)

@@ -140,7 +140,8 @@ class TritonPythonModel:
         else:
             remote = remote_endpoints(self.cfg)
             self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote,
-                                       call_timeout_s=self.cfg.stage_timeout_s)
+                                       call_timeout_s=self.cfg.stage_timeout_s,
+                                       watch_stubs=not self.cfg.triton_url)
             log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client, tokenize=_tokenizer(self.cfg.tokenizer))
         self.sender = ResponseSender(

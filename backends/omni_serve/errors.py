@@ -71,7 +71,7 @@ _BY_MESSAGE: tuple[tuple[tuple[str, ...], ErrorCode], ...] = (
     (("no available versions", "not at ready state", "is not ready", "is not serving",
       "shutting down", "stopped accepting new", "request timeout expired", "failed to connect",
       "connection refused", "socket closed", "no answer within", "no response for",
-      "unavailable"), "UNAVAILABLE"),
+      "is not healthy", "unavailable"), "UNAVAILABLE"),
     (("request for unknown model", "invalid argument", "invalid_arg",
       "unexpected inference input", "unexpected shape for input", "data-type is",
       "inputs but got", "expected number of inputs", "does not exist in request",

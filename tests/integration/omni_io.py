@@ -129,6 +129,16 @@ class OmniStream:
             if absorb(result, response):
                 return result
 
+    def collect_until(self, done, result: OmniResult | None = None,
+                      timeout: float = 120.0) -> OmniResult:
+        """Read responses until `done(result)` holds (fails on an error or the final one)."""
+        result = result or OmniResult()
+        while not done(result):
+            response, error = self.next(timeout)
+            assert error is None, error
+            assert not absorb(result, response), "the request ended first"
+        return result
+
     def received(self, result: OmniResult | None = None) -> OmniResult:
         """Absorb the responses already queued, without waiting for more."""
         result = result or OmniResult()

@@ -83,9 +83,10 @@ def test_the_flags_are_read():
 
 def test_talker_sampling_keeps_the_keys_sent_as_numbers():
     req = parse(modalities=["audio"], talker_sampling_parameters={
-        "temperature": 0, "top_k": 5, "top_p": 1, "repetition_penalty": 1.1, "max_tokens": 300})
+        "temperature": 0, "top_k": 5, "top_p": 1, "repetition_penalty": 1.1, "max_tokens": 300,
+        "min_tokens": 20})
     assert req.talker_sampling == {"temperature": 0.0, "top_k": 5, "top_p": 1.0,
-                                   "repetition_penalty": 1.1, "max_tokens": 300}
+                                   "repetition_penalty": 1.1, "max_tokens": 300, "min_tokens": 20}
     assert isinstance(req.talker_sampling["temperature"], float)
     assert isinstance(req.talker_sampling["top_k"], int)
 
@@ -117,6 +118,7 @@ def test_an_empty_talker_sampling_object_or_string_is_no_override():
     ({"max_tokens": 0}, "max_tokens", "must be an integer in [1, 32768], got 0"),
     ({"max_tokens": 40000}, "max_tokens", "must be an integer in [1, 32768]"),
     ({"max_tokens": 10.5}, "max_tokens", "must be an integer in [1, 32768]"),
+    ({"min_tokens": -1}, "min_tokens", "must be an integer in [0, 32768], got -1"),
 ])
 def test_talker_sampling_values_out_of_range_name_the_key_and_the_range(fields, field, message):
     err = rejected(modalities=["audio"], talker_sampling_parameters=fields)
@@ -128,7 +130,7 @@ def test_unknown_talker_sampling_keys_name_the_allowed_ones():
     err = rejected(talker_sampling_parameters={"temperature": 1, "stop": ["x"]})
     assert err.field == "talker_sampling_parameters.stop"
     assert err.message == ("unknown key; allowed: temperature, top_k, top_p, "
-                           "repetition_penalty, max_tokens")
+                           "repetition_penalty, max_tokens, min_tokens")
 
 
 def test_a_talker_seed_points_to_the_seed_input():

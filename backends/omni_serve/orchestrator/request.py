@@ -29,6 +29,8 @@ TALKER_SAMPLING_KEYS: dict[str, tuple[type, float, bool, float, str]] = {
     "top_p": (float, 0.0, False, 1.0, "a number in (0, 1]"),
     "repetition_penalty": (float, 0.0, False, 2.0, "a number in (0, 2]"),
     "max_tokens": (int, 1, True, 32768, "an integer in [1, 32768]"),
+    # codes before the talker may stop (vLLM's min_tokens: stop ids are held back until then)
+    "min_tokens": (int, 0, True, 32768, "an integer in [0, 32768]"),
 }
 
 
