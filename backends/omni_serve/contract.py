@@ -421,5 +421,8 @@ ENTRY_PARAMETER = "omni.entry"
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"
+# omni_llm's engine.json key for the spec's `queue.max_queue_size`: requests that may wait
+# beyond the engine's max_num_seqs running ones; one more is rejected at once, UNAVAILABLE.
+MAX_QUEUED_ARG = "max_queued_requests"
 # config.pbtxt parameters `env.<NAME>` set <NAME> in the stage's stub process.
 ENV_PARAMETER_PREFIX = "env."

@@ -22,6 +22,20 @@ class StageUnavailableError(RuntimeError):
     """The stage cannot serve now (engine dead, shutting down); maps to UNAVAILABLE."""
 
 
+class StageOverloadedError(StageUnavailableError):
+    """The stage's queue is full (its `queue.max_queue_size`): UNAVAILABLE, retry later.
+    Its message says "is overloaded", as Triton's own full queue says "Exceeds maximum
+    queue size": the orchestrator tries another engine but does not pass this one over."""
+
+
+OVERLOADED_MESSAGES = ("is overloaded", "exceeds maximum queue size")
+
+
+def is_overloaded(message: str) -> bool:
+    lowered = message.lower()
+    return any(m in lowered for m in OVERLOADED_MESSAGES)
+
+
 ErrorCode = str  # "INVALID_ARG" | "UNAVAILABLE" | "INTERNAL" | "CANCELLED"
 
 
@@ -71,7 +85,7 @@ _BY_MESSAGE: tuple[tuple[tuple[str, ...], ErrorCode], ...] = (
     (("no available versions", "not at ready state", "is not ready", "is not serving",
       "shutting down", "stopped accepting new", "request timeout expired", "failed to connect",
       "connection refused", "socket closed", "no answer within", "no response for",
-      "is not healthy", "unavailable"), "UNAVAILABLE"),
+      "is not healthy", *OVERLOADED_MESSAGES, "unavailable"), "UNAVAILABLE"),
     (("request for unknown model", "invalid argument", "invalid_arg",
       "unexpected inference input", "unexpected shape for input", "data-type is",
       "inputs but got", "expected number of inputs", "does not exist in request",

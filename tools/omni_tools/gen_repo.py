@@ -38,6 +38,7 @@ from omni_serve.contract import (
     ENGINE_ARGS_FILE,
     ENTRY_PARAMETER,
     ENV_PARAMETER_PREFIX,
+    MAX_QUEUED_ARG,
     TensorSpec,
 )
 
@@ -272,6 +273,8 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True,
                 else dict(stage.engine_args)
         else:
             engine = {"model": models[name], **stage.engine_args}
+            if stage.backend == "omni_llm" and stage.queue and stage.queue.max_queue_size:
+                engine[MAX_QUEUED_ARG] = stage.queue.max_queue_size
         # the stage's own config class is the one validator, for --check as for generation
         _check_stage_config(spec, name, stage.backend, engine)
         plans.append(StagePlan(name, _config_for(spec, name, stage, triton_version), engine))

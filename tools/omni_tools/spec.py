@@ -341,7 +341,26 @@ class StageSpec(_Strict):
                              "dynamic batcher forms its batches; 1 disables batching")
         return size
 
-    @field_validator("max_queue_delay_us", "queue")
+    @field_validator("queue")
+    @classmethod
+    def _queue_fits_backend(cls, value: QueuePolicySpec | None,
+                            info: ValidationInfo) -> QueuePolicySpec | None:
+        backend = info.data.get("backend")
+        if value is None or backend not in ENGINE_BATCHED_BACKENDS:
+            return value
+        if backend != "omni_llm":
+            raise ValueError(f"not used by backend {backend}: it queues nothing itself (its "
+                             "stages do); remove the key")
+        others = sorted(k for k, f in QueuePolicySpec.model_fields.items()
+                        if k != "max_queue_size" and getattr(value, k) != f.default)
+        if others:
+            raise ValueError(f"backend {backend} takes only max_queue_size (requests waiting "
+                             f"beyond the engine's max_num_seqs running ones; 0: unbounded): "
+                             f"its engine queues, not Triton's dynamic batcher; remove "
+                             f"{', '.join(others)}")
+        return value
+
+    @field_validator("max_queue_delay_us")
     @classmethod
     def _queue_delay_fits_backend(cls, value: Any, info: ValidationInfo) -> Any:
         backend = info.data.get("backend")

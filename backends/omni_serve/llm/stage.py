@@ -20,8 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from omni_serve.contract import LLM
-from omni_serve.errors import RequestError, StageUnavailableError
+from omni_serve.contract import LLM, MAX_QUEUED_ARG
+from omni_serve.errors import RequestError, StageOverloadedError, StageUnavailableError
 from omni_serve.llm import hidden_states, sampling, talker, talker_engine, warmup
 from omni_serve.llm.media import MediaShapes, multi_modal_data
 from omni_serve.llm.request import LLMOutput, LLMRequest
@@ -113,6 +113,9 @@ class LLMStage:
         self.name = name
         engine_args = dict(engine_args)
         self.is_talker = bool(engine_args.pop(talker.ENGINE_ARG, False))
+        queued = engine_args.pop(MAX_QUEUED_ARG, None)
+        self.max_queued: int | None = None if queued is None else int(queued)
+        self.max_in_flight: int | None = None  # max_num_seqs + max_queued, once started
         if self.is_talker:
             engine_args = talker.engine_args(engine_args)
         self.talker: talker.TalkerPrompter | None = None  # set once the engine runs
@@ -163,6 +166,8 @@ class LLMStage:
             args, stat_loggers=[_stat_logger_factory(
                 lambda: NULL_METRICS if self._warming else self.metrics)])
         self.max_model_len = self.engine.model_config.max_model_len
+        if self.max_queued is not None:
+            self.max_in_flight = self.engine.vllm_config.scheduler_config.max_num_seqs + self.max_queued
         self.media_shapes = MediaShapes.from_hf_config(self.engine.model_config.hf_config)
         self.hidden_size = self.engine.model_config.get_hidden_size()
         if self.is_talker:
@@ -258,8 +263,15 @@ class LLMStage:
         arrival = time.perf_counter() if arrival is None else arrival
         with self._live_lock:
             aborted_early = client_id is not None and self._aborted_early.pop(client_id, None)
+            in_flight = len(self._live)
         if aborted_early:  # its abort came first: end it at once
             sink.send(_aborted_output())
+            return
+        if self.max_in_flight is not None and in_flight >= self.max_in_flight:
+            sink.fail(StageOverloadedError(
+                f"stage {self.name} is overloaded: {in_flight} requests in flight, the most "
+                f"it takes ({self.max_in_flight - self.max_queued} running + {self.max_queued} "
+                f"waiting, queue.max_queue_size); retry later"))
             return
         fut = asyncio.run_coroutine_threadsafe(self._generate(request, sink, arrival), self._loop)
         with self._live_lock:

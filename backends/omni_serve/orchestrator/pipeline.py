@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni_serve.contract import DIT, ENCODER, LLM
-from omni_serve.errors import StageFailedError
+from omni_serve.errors import StageFailedError, is_overloaded
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the adapter)
     AudioChunk,
@@ -317,12 +317,16 @@ class OmniPipeline:
                     tried.append(engine)
                     if answered or e.code != "UNAVAILABLE":
                         raise
-                    self.thinkers.mark_down(engine)
+                    overloaded = is_overloaded(str(e))  # busy, not down: keep routing to it
+                    if not overloaded:
+                        self.thinkers.mark_down(engine)
                     if len(tried) == len(self.thinkers.engines):
                         raise
                     t.passed_over.append(engine)
-                    log.warning("%s; passing it over for %g s, request %s goes to the next "
-                                "engine", e, self.thinkers.retry_after_s, req.request_id)
+                    log.warning("%s; %s, request %s goes to the next engine", e,
+                                "it is full" if overloaded else
+                                f"passing it over for {self.thinkers.retry_after_s:g} s",
+                                req.request_id)
 
     # --- reading text aloud (task "speech") ---------------------------------------------
     async def _read_aloud_prompt(self, req: OmniRequest) -> tuple[list[int], list[int]]:

@@ -186,10 +186,24 @@ def test_queue_policy_and_ordering_reach_the_dynamic_batcher(tmp_path, models):
     assert policy.allow_timeout_override
 
 
+def test_an_llm_queue_bound_reaches_the_stage(tmp_path, models):
+    data = omni_spec(models)
+    data["stages"]["llm"]["queue"] = {"max_queue_size": 3}
+    gen_repo.generate(parse_spec(data, base_dir=tmp_path), tmp_path / "r")
+    engine = json.loads((tmp_path / "r" / "llm" / "engine.json").read_text())
+    assert engine["max_queued_requests"] == 3
+    config = (tmp_path / "r" / "llm" / "config.pbtxt").read_text()
+    assert "dynamic_batching" not in config
+
+
 @pytest.mark.parametrize("stage,extra,expected", [
-    ("llm", {"queue": {"max_queue_size": 4}},
-     "stages.llm.queue: not used by backend omni_llm: its engine batches and queues by itself; "
-     "remove the key"),
+    ("llm", {"queue": {"max_queue_size": 4, "default_timeout_us": 10}},
+     "stages.llm.queue: backend omni_llm takes only max_queue_size (requests waiting beyond the "
+     "engine's max_num_seqs running ones; 0: unbounded): its engine queues, not Triton's dynamic "
+     "batcher; remove default_timeout_us"),
+    ("omni", {"queue": {"max_queue_size": 4}},
+     "stages.omni.queue: not used by backend omni_orchestrator: it queues nothing itself (its "
+     "stages do); remove the key"),
     ("llm", {"preserve_ordering": True},
      "stages.llm.preserve_ordering: not used by backend omni_llm: Triton's dynamic batcher is off "
      "for it; remove the key"),
