@@ -365,6 +365,13 @@ def _nan_wav() -> bytes:
     return buf.getvalue()
 
 
+def _wav_claiming_hours() -> bytes:
+    riff = bytearray(make_audio(0.1))
+    size = 16000 * 2 * 3600 * 5  # the header says 5 hours of 16 kHz PCM_16
+    riff[4:8], riff[40:44] = (size + 36).to_bytes(4, "little"), size.to_bytes(4, "little")
+    return bytes(riff)
+
+
 BAD_AUDIOS = {
     "empty": (b"", "empty media"),
     "png": (make_image(32, 32), "not a decodable audio file"),
@@ -374,6 +381,9 @@ BAD_AUDIOS = {
     "too short for one token": (make_audio(0.01), "send at least 20 ms"),
     "too long": (make_audio(2.5), "at most 2 s"),
     "nan samples": (_nan_wav(), "NaN"),
+    "cut-off wav": (make_audio(0.5)[:3000], "truncated audio file: its header announces 16000"),
+    "header claiming hours": (_wav_claiming_hours(), "announces 576000000 bytes of samples "
+                                                     "(18000.00 s), the file holds 3200"),
     "too many bytes": (make_audio(1.9, rate=48000, channels=2), "at most 300000 bytes"),
 }
 

@@ -76,6 +76,19 @@ def test_a_malformed_field_is_named(overrides, field, message):
     ("<|IMAGE|><|IMAGE|><|AUDIO|>hi", {}, LLM.IMAGE_GRID_THW,
      "names 1 images but text_input has 2 <|IMAGE|> placeholders"),
     ("<|IMAGE|>hi", {}, LLM.AUDIO_FEATURE_LENGTHS, "names 1 clips but text_input has 0"),
+    # a grid vLLM cannot place: h // merge == 0 killed the engine (M-RoPE of no positions)
+    (PROMPT, {LLM.IMAGE_GRID_THW: np.array([[1, 1, 12]], np.int64)}, LLM.IMAGE_GRID_THW,
+     r"h and w must be multiples of the vision merge size 2, got \[1, 1, 12\]"),
+    (PROMPT, {LLM.IMAGE_GRID_THW: np.array([[1, 2, 3]], np.int64)}, LLM.IMAGE_GRID_THW,
+     "multiples of the vision merge size 2"),
+    # (2**62 + 1) * 2 * 8 wraps to 16 in int64: 4 rows would have passed
+    (PROMPT, {LLM.IMAGE_EMBEDS: np.ones((4, 8), np.float32),
+              LLM.IMAGE_GRID_THW: np.array([[2**62 + 1, 2, 8]], np.int64)}, LLM.IMAGE_EMBEDS,
+     "has 4 rows but image_grid_thw"),
+    # under 3 frames a clip has no audio token: vLLM failed with an anonymous TypeError
+    (PROMPT, {LLM.AUDIO_FEATURES: np.ones((4, 2), np.float32),
+              LLM.AUDIO_FEATURE_LENGTHS: np.array([2], np.int64)}, LLM.AUDIO_FEATURE_LENGTHS,
+     "each clip needs at least 3 frames"),
 ])
 def test_media_that_do_not_fit_the_checkpoint_are_refused_before_the_engine(prompt, overrides,
                                                                             field, message):

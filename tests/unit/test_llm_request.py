@@ -53,6 +53,31 @@ def test_uncoercible_values_name_the_field_and_the_value(field, raw):
     assert repr(raw) in str(e.value)
 
 
+@pytest.mark.parametrize("field,raw", [
+    ("max_tokens", 10**23), ("seed", -(2**63) - 1), ("seed", 2**64), ("stop_token_ids", [1, 2**70]),
+    ("logit_bias", {str(2**65): 1.0}), ("extra_args", {"a": [{"b": 10**40}]}),
+])
+def test_integers_the_engine_cannot_carry_name_the_field(field, raw):
+    """msgspec serializes ints in [-2**63, 2**64 - 1] only: beyond, vLLM failed with an
+    anonymous EngineGenerateError (INTERNAL) after validation."""
+    with pytest.raises(RequestError, match="integers must be between -2\\*\\*63 and 2\\*\\*64 - 1") as e:
+        sampling.coerce({field: raw})
+    assert e.value.field == f"sampling_parameters.{field}"
+
+
+def test_integers_the_engine_carries_pass():
+    assert sampling.coerce({"seed": 2**64 - 1, "max_tokens": 2**63 - 1}) == {
+        "seed": 2**64 - 1, "max_tokens": 2**63 - 1}
+
+
+@pytest.mark.parametrize("raw", ['{"max_tokens": ' + "1" * 5000 + "}", "[" * 100000])
+def test_json_python_refuses_to_parse_is_invalid_json(raw):
+    """Over 4300 digits (ValueError) or nesting past the recursion limit: not an INTERNAL."""
+    with pytest.raises(RequestError, match="invalid JSON") as e:
+        sampling.parse_json(raw)
+    assert e.value.field == "sampling_parameters"
+
+
 def test_unknown_field_suggests_the_close_match_and_lists_the_allowed():
     with pytest.raises(RequestError) as e:
         sampling.coerce({"temprature": 0.5})
@@ -138,6 +163,18 @@ def test_bad_requests_name_their_field(inputs, params, field):
     with pytest.raises(RequestError) as e:
         parse_request("r", inputs, params)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("extra", [{}, {LLM.IMAGE_EMBEDS: np.ones((1, 4), np.float32)}])
+def test_what_makes_a_talker_request_is_named_with_what_it_must_not_carry(extra):
+    """A stage that is no talker gets text plus a talker's file: the error names that file too."""
+    inputs = {**tensors(**{LLM.THINKER_HIDDEN_STATES_FILE: "/dev/shm/omni_hs_x/y"}), **extra}
+    if extra:
+        del inputs[LLM.TEXT_INPUT]
+        inputs[LLM.PROMPT_TOKEN_IDS] = np.array([1, 2], np.int64)
+    with pytest.raises(RequestError, match=LLM.THINKER_HIDDEN_STATES_FILE) as e:
+        parse_request("r", inputs)
+    assert e.value.field == (LLM.IMAGE_EMBEDS if extra else LLM.TEXT_INPUT)
 
 
 def test_merge_outputs_joins_text_and_keeps_the_last_counts():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -96,6 +97,29 @@ def _open_audio(data: bytes):
                                   f"({AUDIO_FORMATS})") from e
 
 
+# libsndfile's parse log names a data chunk longer than the file: "data : 9600 (should be 2956)"
+_SHORT_DATA = re.compile(r"^data\s*:\s*(\d+) \(should be (\d+)\)", re.MULTILINE)
+
+
+def _check_complete(f, rate: int) -> None:
+    """A file whose header announces more samples than it holds (a cut-off upload) is
+    refused: libsndfile would decode the part that is there without a word."""
+    found = _SHORT_DATA.search(f.extra_info or "")
+    if found is None:
+        return
+    announced, held = int(found.group(1)), int(found.group(2))
+    if 0 < held < announced < 0xFFFFFFFF:  # 0 and 0xFFFFFFFF: "length unknown", streamed
+        per_second = max(1, rate * f.channels * max(1, _sample_bytes(f.subtype)))
+        raise RequestError(FIELD, f"truncated audio file: its header announces {announced} bytes "
+                                  f"of samples ({announced / per_second:.2f} s), the file holds "
+                                  f"{held}; send the complete file")
+
+
+def _sample_bytes(subtype: str) -> int:
+    digits = "".join(c for c in subtype if c.isdigit())
+    return {"FLOAT": 4, "DOUBLE": 8}.get(subtype, int(digits) // 8 if digits else 1)
+
+
 def _resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     if rate == target:
         return samples
@@ -111,7 +135,7 @@ def decode_audio(data: bytes, cfg: EncoderStageConfig) -> np.ndarray:
     Multi-channel audio is averaged to mono; other rates are resampled with a
     polyphase filter (scipy.signal.resample_poly). The duration in the header
     is checked before samples are decoded. Raises RequestError("media", ...)
-    for empty/oversized input, bytes that are not audio, a corrupt file, no
+    for empty/oversized input, bytes that are not audio, a corrupt or truncated file, no
     samples, audio longer than `cfg.max_audio_seconds`, or NaN/inf samples.
     """
     _check_size(data, cfg, "audio file")
@@ -119,6 +143,7 @@ def decode_audio(data: bytes, cfg: EncoderStageConfig) -> np.ndarray:
         rate, frames = int(f.samplerate), int(f.frames)
         if rate <= 0:
             raise RequestError(FIELD, f"audio header has an invalid sample rate ({rate})")
+        _check_complete(f, rate)
         # libsndfile reports frames=-1 (unknown) for some streams; check again after decoding.
         if frames > cfg.max_audio_seconds * rate:
             raise RequestError(FIELD, f"audio is {frames / rate:.2f} s long; this encoder accepts at "

@@ -56,7 +56,14 @@ def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
             raise RequestError(LLM.IMAGE_EMBEDS, f"rows must be {shapes.hidden_size} wide (the "
                                                  f"model's hidden size), got {hidden}")
         grid = media.image_grid_thw
-        want = int((grid.prod(-1) // shapes.merge**2).sum())
+        m = shapes.merge
+        for t, h, w in grid.tolist():
+            if h % m or w % m:
+                # vLLM places an image's rows on a (t, h / merge, w / merge) grid: any
+                # other grid kills its engine (no positions) or misplaces the rows
+                raise RequestError(LLM.IMAGE_GRID_THW, f"each image's h and w must be multiples of "
+                                                       f"the vision merge size {m}, got {[t, h, w]}")
+        want = sum(t * h * w for t, h, w in grid.tolist()) // m**2  # Python ints: no overflow
         if rows != want:
             raise RequestError(LLM.IMAGE_EMBEDS, f"has {rows} rows but {LLM.IMAGE_GRID_THW} "
                                                  f"{grid.tolist()} makes {want}")
@@ -69,6 +76,11 @@ def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
             raise RequestError(LLM.AUDIO_FEATURES, f"must have {shapes.mel_bins} mel bins (rows), "
                                                    f"got {bins}")
         lengths = media.audio_feature_lengths
+        short = [int(n) for n in lengths if _audio_tokens(int(n)) < 1]
+        if short:
+            raise RequestError(LLM.AUDIO_FEATURE_LENGTHS, f"each clip needs at least "
+                                                          f"{MIN_AUDIO_FRAMES} frames (one audio "
+                                                          f"token), got {short[0]}")
         _placeholders(prompt, AUDIO_PLACEHOLDER, len(lengths), LLM.AUDIO_FEATURE_LENGTHS, "clips")
         mask = torch.arange(int(lengths.max()))[None, :] < torch.from_numpy(lengths)[:, None]
         data["audio"] = {"input_audio_features": torch.from_numpy(media.audio_features),
@@ -78,6 +90,15 @@ def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
         if kind not in data and placeholder in prompt:
             raise RequestError(LLM.TEXT_INPUT, f"has {placeholder} but no {kind} was sent")
     return data
+
+
+def _audio_tokens(frames: int) -> int:
+    """Prompt tokens of a clip of `frames` log-mel frames: the audio tower's two stride-2
+    steps (vLLM's Qwen2.5-Omni `_compute_audio_token_count`)."""
+    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+MIN_AUDIO_FRAMES = 3  # the shortest clip that gives one audio token
 
 
 def _placeholders(prompt: str, token: str, items: int, field: str, what: str) -> None:

@@ -165,16 +165,19 @@ def _talker(tensors: dict[str, np.ndarray | None], prompt: str | None,
                                             f"{LLM.THINKER_HIDDEN_STATES_FILE})")
         return None
     if prompt is not None:
-        raise RequestError(LLM.TEXT_INPUT, f"a talker request sends {LLM.PROMPT_TOKEN_IDS} (the "
-                                           "thinker's input_token_ids), not text")
+        raise RequestError(LLM.TEXT_INPUT, f"a talker request (one with "
+                                           f"{LLM.THINKER_HIDDEN_STATES_FILE}) sends "
+                                           f"{LLM.PROMPT_TOKEN_IDS} (the thinker's "
+                                           "input_token_ids), not text")
     if token_ids is None:
         raise RequestError(LLM.PROMPT_TOKEN_IDS, f"is required with "
                                                  f"{LLM.THINKER_HIDDEN_STATES_FILE} (the "
                                                  "thinker's input_token_ids)")
     for name in (LLM.IMAGE_EMBEDS, LLM.AUDIO_FEATURES):
         if tensors.get(name) is not None:
-            raise RequestError(name, "a talker request sends only the media grids "
-                                     f"({LLM.IMAGE_GRID_THW}, {LLM.AUDIO_FEATURE_LENGTHS})")
+            raise RequestError(name, f"a talker request (one with {LLM.THINKER_HIDDEN_STATES_FILE}) "
+                                     f"sends only the media grids ({LLM.IMAGE_GRID_THW}, "
+                                     f"{LLM.AUDIO_FEATURE_LENGTHS})")
     return TalkerInput(
         source=source, prompt_token_ids=tuple(token_ids), speaker=speaker or None,
         image_grid_thw=_counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3"),

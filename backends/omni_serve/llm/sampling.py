@@ -18,6 +18,11 @@ from omni_serve.errors import RequestError
 
 FIELD = "sampling_parameters"
 
+# The engine's request serializer (msgspec) carries integers in this range only; a
+# larger one would fail inside vLLM, after validation, as an anonymous engine error.
+INT_MIN = -(2**63)
+INT_MAX = 2**64 - 1
+
 # SamplingParams fields the stage owns or that would break the text interface.
 _NOT_SETTABLE = {
     "output_kind",  # the stage chooses DELTA/FINAL_ONLY from `stream`
@@ -76,6 +81,8 @@ def parse_json(text: str | bytes | None) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         where = f"at line {e.lineno} column {e.colno}"
         raise RequestError(FIELD, f"invalid JSON ({e.msg} {where})") from e
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, deep nesting
+        raise RequestError(FIELD, f"invalid JSON ({type(e).__name__}: {str(e)[:200]})") from e
     if not isinstance(value, dict):
         raise RequestError(FIELD, f"must be a JSON object, got {type(value).__name__}")
     return value
@@ -96,7 +103,24 @@ def coerce(raw: dict[str, Any], *, source: str = FIELD) -> dict[str, Any]:
         except pydantic.ValidationError as e:
             first = e.errors()[0]
             raise RequestError(f"{source}.{key}", f"{first['msg']} (got {value!r})") from e
+        _check_ints(f"{source}.{key}", out[key])
     return out
+
+
+def _check_ints(where: str, value: Any) -> None:
+    """Every integer in `value` (nested lists and dict keys included) fits the engine's range."""
+    if isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        items = [value]
+    for item in items:
+        if isinstance(item, (dict, list, tuple, set, frozenset)):
+            _check_ints(where, item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not INT_MIN <= item <= INT_MAX:
+            shown = str(item) if item.bit_length() <= 128 else f"a {item.bit_length()}-bit integer"
+            raise RequestError(where, f"integers must be between -2**63 and 2**64 - 1, got {shown}")
 
 
 def _unknown_field_message(key: str) -> str:
