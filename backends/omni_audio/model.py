@@ -22,6 +22,7 @@ from omni_serve.tritonio import (
     Metrics,
     apply_stage_env,
     make_response,
+    parse_each,
     pb,
     read_inputs,
     stage_config,
@@ -49,12 +50,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self._batch.observe(len(requests))
-        parsed = []
-        for request in requests:
-            try:
-                parsed.append(parse_request(read_inputs(request, AUDIO_CONTRACT), self.runner.limits))
-            except Exception as e:  # a bad request answers alone
-                parsed.append(e)
+        parsed = parse_each(requests, lambda r: parse_request(read_inputs(r, AUDIO_CONTRACT),
+                                                              self.runner.limits))
         good = [p for p in parsed if not isinstance(p, Exception)]
         t0 = time.perf_counter()
         results = iter(self.runner.run(good)) if good else iter(())

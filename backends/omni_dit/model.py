@@ -17,7 +17,15 @@ from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import parse_request
 from omni_serve.dit.runner import DitRunner, encode_png
-from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config, triton_error
+from omni_serve.tritonio import (
+    Metrics,
+    apply_stage_env,
+    parse_each,
+    pb,
+    read_inputs,
+    stage_config,
+    triton_error,
+)
 
 log = logging.getLogger("omni_dit")
 
@@ -48,12 +56,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self._batch.observe(len(requests))
-        parsed = []
-        for request in requests:
-            try:
-                parsed.append(parse_request(read_inputs(request, DIT_CONTRACT), self.cfg))
-            except Exception as e:  # a bad request answers alone
-                parsed.append(e)
+        parsed = parse_each(requests, lambda r: parse_request(read_inputs(r, DIT_CONTRACT),
+                                                              self.cfg))
         good = [p for p in parsed if not isinstance(p, Exception)]
         t0 = time.perf_counter()
         results = iter(self.runner.run(good)) if good else iter(())

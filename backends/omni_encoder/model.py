@@ -19,7 +19,15 @@ from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
-from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config, triton_error
+from omni_serve.tritonio import (
+    Metrics,
+    apply_stage_env,
+    parse_each,
+    pb,
+    read_inputs,
+    stage_config,
+    triton_error,
+)
 
 log = logging.getLogger("omni_encoder")
 
@@ -52,12 +60,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self._batch.observe(len(requests))
-        media: list[bytes | Exception] = []
-        for request in requests:
-            try:
-                media.append(_media(request))
-            except Exception as e:  # a bad request answers alone
-                media.append(e)
+        media: list[bytes | Exception] = parse_each(requests, _media)
         good = [m for m in media if not isinstance(m, Exception)]
         t0 = time.perf_counter()
         results = iter(self.runner.run(good)) if good else iter(())

@@ -36,6 +36,10 @@ def is_overloaded(message: str) -> bool:
     return any(m in lowered for m in OVERLOADED_MESSAGES)
 
 
+class RequestCancelledError(RuntimeError):
+    """The client cancelled the request before its stage computed it; maps to CANCELLED."""
+
+
 ErrorCode = str  # "INVALID_ARG" | "UNAVAILABLE" | "INTERNAL" | "CANCELLED"
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from omni_serve.contract import ENV_PARAMETER_PREFIX, StageContract
 from omni_serve.errors import (
+    RequestCancelledError,
     RequestError,
     StageFailedError,
     StageUnavailableError,
@@ -42,11 +43,14 @@ def triton_error(exc: Exception):
         code = pb_utils.TritonError.INVALID_ARG
     elif isinstance(exc, StageUnavailableError):
         code = pb_utils.TritonError.UNAVAILABLE
+    elif isinstance(exc, RequestCancelledError):
+        code = getattr(pb_utils.TritonError, "CANCELLED", pb_utils.TritonError.UNAVAILABLE)
     elif isinstance(exc, StageFailedError):
         code = getattr(pb_utils.TritonError, exc.code, pb_utils.TritonError.INTERNAL)
     else:
         code = pb_utils.TritonError.INTERNAL
-    msg = str(exc) if isinstance(exc, (RequestError, StageUnavailableError, StageFailedError)) else (
+    msg = str(exc) if isinstance(exc, (RequestError, StageUnavailableError, StageFailedError,
+                                       RequestCancelledError)) else (
         f"{type(exc).__name__}: {exc}")
     return pb_utils.TritonError(msg, code)
 
@@ -163,6 +167,28 @@ class Outbox:
         if errors:
             return pb().InferenceResponse(error=triton_error(errors[0])), True
         return self._merge(items)
+
+
+def parse_each(requests: Iterable[Any], parse: Callable[[Any], Any]) -> list[Any]:
+    """`parse(request)` of each request of a batch, or the exception that request gets:
+    a bad request, or one its client cancelled while it waited in the queue, answers
+    alone and its batch-mates run. (Triton's dynamic batcher drops requests cancelled in
+    its queue itself; this catches those cancelled while their batch formed.)"""
+    parsed: list[Any] = []
+    for request in requests:
+        try:
+            if _cancelled(request):
+                raise RequestCancelledError("the request was cancelled before it ran; nothing "
+                                            "was computed for it")
+            parsed.append(parse(request))
+        except Exception as e:  # each request answers alone
+            parsed.append(e)
+    return parsed
+
+
+def _cancelled(request) -> bool:
+    is_cancelled = getattr(request, "is_cancelled", None)  # Python backend >= 23.10
+    return bool(is_cancelled()) if is_cancelled is not None else False
 
 
 class ResponseSender:
@@ -422,7 +448,7 @@ class BlsStageClient:
             self._pool, lambda: self._outputs(self._request(model, inputs, outputs).exec(), outputs))
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs, *,
-                     request_id: str, timeout_s: float):
+                     request_id: str, timeout_s: float, unread=None):
         import asyncio  # noqa: PLC0415
 
         from omni_serve.orchestrator.pipeline import StageCallError  # noqa: PLC0415
@@ -465,6 +491,11 @@ class BlsStageClient:
         finally:
             if not finished:
                 self._pool.submit(self._abort, model, request_id)
+                if unread is not None:  # what was queued; later responses are not seen here
+                    while not q.empty():
+                        kind, item = q.get_nowait()
+                        if kind == "outputs" and item:
+                            unread(item)
 
     def _abort(self, model: str, request_id: str) -> None:
         from omni_serve.contract import LLM  # noqa: PLC0415

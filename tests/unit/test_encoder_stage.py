@@ -424,7 +424,8 @@ class _Response:
 
 
 class _Error:
-    INVALID_ARG, UNAVAILABLE, INTERNAL = "INVALID_ARG", "UNAVAILABLE", "INTERNAL"
+    INVALID_ARG, UNAVAILABLE, INTERNAL, CANCELLED = ("INVALID_ARG", "UNAVAILABLE", "INTERNAL",
+                                                     "CANCELLED")
 
     def __init__(self, message: str, code: str):
         self.message, self.code = message, code
@@ -451,9 +452,13 @@ class _Family:
 
 
 class _Request:
-    def __init__(self, media: bytes | None, wanted: tuple[str, ...] = ()):
+    def __init__(self, media: bytes | None, wanted: tuple[str, ...] = (), cancelled: bool = False):
         self.inputs = {} if media is None else {"media": np.array([[media]], dtype=np.object_)}
         self.wanted = wanted
+        self.cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
 
     def requested_output_names(self) -> list[str]:
         return list(self.wanted)
@@ -515,3 +520,12 @@ def test_adapter_answers_each_audio_clip_with_its_features(make_adapter, audio_r
         np.testing.assert_array_equal(got[0], want.features)
     assert adapter._tokens.values == [25, 12]  # 100 and 50 frames
     assert adapter._items.values == [1, 1] and adapter._batch.values == [3]
+
+
+def test_adapter_computes_nothing_for_a_request_cancelled_in_the_queue(make_adapter) -> None:
+    adapter = make_adapter("audio")
+    clip = make_audio(1.0)
+    first, cancelled = adapter.execute([_Request(clip), _Request(make_audio(2.0), cancelled=True)])
+    assert first.error is None and set(first.tensors) == {"features"}
+    assert cancelled.error.code == _Error.CANCELLED and "cancelled" in cancelled.error.message
+    assert adapter._tokens.values == [25]  # only the first clip was encoded

@@ -153,6 +153,17 @@ def test_rows_are_read_as_outputs_account_for_them(capture_dir):
     assert not os.path.exists(capture.path)
 
 
+@pytest.mark.parametrize("abandoned", [False, True])
+def test_a_handed_over_file_stays_for_its_caller_unless_the_request_was_abandoned(
+        capture_dir, abandoned):
+    capture = CaptureFile(str(capture_dir), H)
+    capture.handed_over = True
+    hidden_states.write_final_rows(capture.path, 3)
+    capture.close(abandoned=abandoned)  # failed or aborted: its caller may not know the name
+    for path in (capture.path, capture.path + hidden_states.ROWS_SUFFIX):
+        assert os.path.exists(path) is not abandoned
+
+
 def test_merged_deltas_keep_every_row_in_order():
     def out(rows):
         return LLMOutput(text="x", finish_reason=None, num_input_tokens=1, num_output_tokens=1,

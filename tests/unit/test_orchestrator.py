@@ -121,7 +121,7 @@ class ScriptedStages:
             return {DIT.IMAGE: np.array([[b"\x89PNG fake"]], dtype=np.object_)}
         raise AssertionError(model)
 
-    async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+    async def stream(self, model, inputs, outputs, *, request_id, timeout_s, unread=None):
         self.calls.append((model, inputs))
         self.open_streams.add(request_id)
         finished = False

@@ -30,7 +30,7 @@ class TwoThinkers(ScriptedStages):
         super().__init__(**kw)
         self.thinker_calls: list[tuple[str, str]] = []  # (engine, prompt)
 
-    def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+    def stream(self, model, inputs, outputs, *, request_id, timeout_s, unread=None):
         if model.startswith("llm_"):
             self.thinker_calls.append((model, inputs[LLM.TEXT_INPUT][0].decode()))
             if model == self.fail:
@@ -196,7 +196,7 @@ class FlakyThinkers(TwoThinkers):
         self.down = set(down)
         self.break_after = break_after or {}
 
-    async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+    async def stream(self, model, inputs, outputs, *, request_id, timeout_s, unread=None):
         if model in self.down:
             self.thinker_calls.append((model, ""))
             raise StageCallError("UNAVAILABLE", "failed to connect to all addresses")

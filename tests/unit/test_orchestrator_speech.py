@@ -293,7 +293,7 @@ def test_chat_reports_the_thinkers_token_counts():
     cfg = config()
 
     class Counting(ScriptedStages):
-        async def stream(self, model, inputs, outputs, *, request_id, timeout_s):
+        async def stream(self, model, inputs, outputs, *, request_id, timeout_s, unread=None):
             n = 0
             async for out in super().stream(model, inputs, outputs, request_id=request_id,
                                             timeout_s=timeout_s):

@@ -167,6 +167,7 @@ class CaptureFile:
         self.width = 2 * hidden_size
         self.rows_read = 0
         self.handed_over = False
+        self.aborted = False  # its request ended "abort"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 
     @staticmethod
@@ -208,10 +209,13 @@ class CaptureFile:
             self.rows_read = rows
         return first, max(0, rows - first), self.width
 
-    def close(self) -> None:
-        """Close it; delete it unless it was handed to the caller."""
+    def close(self, abandoned: bool = False) -> None:
+        """Close it; delete it unless it was handed to a caller that still wants it (an
+        `abandoned` request's caller does not: it failed or was aborted)."""
         os.close(self._fd)
-        if not self.handed_over:
+        if abandoned:
+            remove_handed_over(self.path)
+        elif not self.handed_over:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:

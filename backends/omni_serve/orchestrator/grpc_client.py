@@ -12,7 +12,10 @@ Calls are stopped without gRPC cancels, because Triton 2.51 can abort the
 server when a cancel races a request's completion (upstream issue #7368): a
 stream whose consumer stops gets an in-band `omni_abort` control request and
 is read to its end by a task of its own (omni_llm ends it with a final
-"abort" response); a unary call whose caller gives up is left to finish.
+"abort" response). Unary calls (encoders, DiT, Token2Wav) are cancelled
+with gRPC: on 2.51 that race is survived (tools/stress_unary_cancel.py:
+6000 cancels racing queueing, execution and completion, server alive), and
+a cancelled request still queued is never computed.
 A gRPC cancel is the last resort, for a stream not ended `abort_grace_s`
 after its abort.
 
@@ -39,7 +42,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -393,8 +396,10 @@ class GrpcStageClient:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """One unary call; if the caller is cancelled, the call is left to finish (bounded by
-        `call_timeout_s`) and releases its shared memory then."""
+        """One unary call; if the caller is cancelled, so is the call: a request still in the
+        stage's queue is dropped there (Triton's dynamic batcher, or the adapter's
+        `parse_each` when its batch was forming) and never computed. Its shared memory
+        is released when the call ends."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
@@ -411,12 +416,16 @@ class GrpcStageClient:
         except (asyncio.CancelledError, StageCallError):
             # nobody awaits the call now: retrieve its outcome so asyncio does not report it
             call.add_done_callback(lambda c: c.cancelled() or c.exception())
+            call.cancel()
             raise
         return self._outputs(result, outputs)
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
-                     request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]:
-        """One streamed request; a consumer that stops early stops it in-band.
+                     request_id: str, timeout_s: float,
+                     unread: Callable[[dict[str, np.ndarray]], None] | None = None,
+                     ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One streamed request; a consumer that stops early stops it in-band, and the
+        responses it did not read go to `unread` (StageClient.stream).
 
         The responses are read by a task of their own, so cancelling the
         consumer never cancels the gRPC call: the stage gets an `omni_abort`
@@ -445,6 +454,8 @@ class GrpcStageClient:
                 if out:
                     yield out
         finally:
+            if not ended and unread is not None:
+                reader.add_done_callback(lambda _: self._hand_unread(responses, outputs, unread))
             if ended:
                 self._release(region)
             elif model in self._taken_down:  # nothing there to stop it in-band
@@ -452,6 +463,17 @@ class GrpcStageClient:
                 reader.add_done_callback(lambda _: self._release(region))
             else:
                 self._stop_in_band(model, request_id, reader, region)
+
+    def _hand_unread(self, responses: asyncio.Queue, outputs: Sequence[str],
+                     unread: Callable[[dict[str, np.ndarray]], None]) -> None:
+        """Once the reader is done, every response it queued that nobody read."""
+        while not responses.empty():
+            kind, item = responses.get_nowait()
+            if kind == "result" and (out := self._outputs(item, outputs)):
+                try:
+                    unread(out)
+                except Exception:  # a cleanup hook never breaks the client
+                    log.exception("the unread-response hook failed")
 
     async def _read(self, model: str, infer_inputs, outputs: Sequence[str], request_id: str,
                     timeout_s: float, responses: asyncio.Queue) -> None:
@@ -602,9 +624,11 @@ class RoutingStageClient:
         return await self._for(model).infer(model, inputs, outputs)
 
     def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
-               request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]:
+               request_id: str, timeout_s: float,
+               unread: Callable[[dict[str, np.ndarray]], None] | None = None,
+               ) -> AsyncIterator[dict[str, np.ndarray]]:
         return self._for(model).stream(model, inputs, outputs, request_id=request_id,
-                                       timeout_s=timeout_s)
+                                       timeout_s=timeout_s, unread=unread)
 
     async def close(self) -> None:
         for client in dict.fromkeys([self.local, *self.remote.values()]):
@@ -616,7 +640,7 @@ def stage_client(local_url: str, remote: dict[str, str | RemoteEndpoint], *,
                  watch_stubs: bool = False) -> GrpcStageClient | RoutingStageClient:
     """One gRPC client per server; a router when some stages are remote.
 
-    `call_timeout_s` bounds a unary call left to finish after its caller gave up;
+    `call_timeout_s` bounds each unary call;
     `watch_stubs`: `local_url` is the server this orchestrator runs in (its stub
     registry tells which stages died).
     """

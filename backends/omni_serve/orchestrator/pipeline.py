@@ -46,7 +46,13 @@ from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the
 )
 from omni_serve.orchestrator.request import OmniRequest, Turn
 from omni_serve.orchestrator.routing import EngineRouter
-from omni_serve.orchestrator.speech import THINKER_INPUTS, THINKER_OUTPUTS, Speech, ThinkerRows
+from omni_serve.orchestrator.speech import (
+    THINKER_INPUTS,
+    THINKER_OUTPUTS,
+    Speech,
+    ThinkerRows,
+    remove_unread_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +89,11 @@ class StageClient(Protocol):
                     outputs: Sequence[str]) -> dict[str, np.ndarray]: ...
 
     def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
-               request_id: str, timeout_s: float) -> AsyncIterator[dict[str, np.ndarray]]: ...
+               request_id: str, timeout_s: float,
+               unread: Callable[[dict[str, np.ndarray]], None] | None = None,
+               ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """The request's responses; `unread` is called with each one the consumer did not
+        read because it stopped early (what they hold is the caller's to free)."""
 
 
 def _bytes_tensor(value: str | bytes) -> np.ndarray:
@@ -145,8 +155,9 @@ class OmniPipeline:
             timings.add(role, time.perf_counter() - t0)
 
     async def _stream(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
-                      request_id: str, timings: Timings,
-                      model: str | None = None) -> AsyncIterator[dict[str, np.ndarray]]:
+                      request_id: str, timings: Timings, model: str | None = None,
+                      unread: Callable[[dict[str, np.ndarray]], None] | None = None,
+                      ) -> AsyncIterator[dict[str, np.ndarray]]:
         model = model or getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
         try:
@@ -154,7 +165,7 @@ class OmniPipeline:
             # stops is closed at once (the gRPC call cancelled), not when it is collected
             async with contextlib.aclosing(self.client.stream(
                     model, inputs, outputs, request_id=request_id,
-                    timeout_s=self.cfg.stage_timeout_s)) as responses:
+                    timeout_s=self.cfg.stage_timeout_s, unread=unread)) as responses:
                 async for out in responses:
                     yield out
         except StageCallError as e:
@@ -306,7 +317,7 @@ class OmniPipeline:
                 try:
                     async with contextlib.aclosing(self._stream(
                             "thinker", inputs, outputs, f"{req.request_id}-thinker", t,
-                            model=engine)) as responses:
+                            model=engine, unread=remove_unread_file)) as responses:
                         async for out in responses:
                             if not answered:
                                 answered = True

@@ -72,6 +72,15 @@ class ThinkerRows:
             remove_handed_over(self.file)
 
 
+def remove_unread_file(out: dict[str, np.ndarray]) -> None:
+    """A thinker response nobody read (the request was stopped): the file it hands over is
+    this request's to delete, and nobody else knows its name."""
+    path = out.get(LLM.HIDDEN_STATES_FILE)
+    if path is not None:
+        value = np.asarray(path).reshape(-1)[0]
+        remove_handed_over(value.decode() if isinstance(value, bytes) else str(value))
+
+
 # the thinker inputs that keep its rows for the talker
 THINKER_INPUTS = {
     LLM.RETURN_HIDDEN_STATES: np.array([True]),
