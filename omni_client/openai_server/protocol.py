@@ -90,6 +90,11 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+VLLM_SAMPLING_EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+                            "stop_token_ids", "skip_special_tokens",
+                            "include_stop_str_in_output")
+
+
 class ChatRequest(_Body):
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -107,6 +112,16 @@ class ChatRequest(_Body):
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
     user: str | None = None
+    # vLLM's OpenAI server's sampling extensions (what benchmark clients such as AIPerf
+    # send with --extra-inputs): passed to the thinker's SamplingParams as they are
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
     # extensions (speech only): the talker's sampling fields (the orchestrator
     # checks keys and ranges), the whole utterance as one audio chunk
     # (stream_audio false), and the talker's codec ids in `audio.codec_ids`
@@ -120,7 +135,8 @@ class ChatRequest(_Body):
         max_tokens = self.max_completion_tokens or self.max_tokens
         for key, value in (("max_tokens", max_tokens), ("temperature", self.temperature),
                            ("top_p", self.top_p), ("presence_penalty", self.presence_penalty),
-                           ("frequency_penalty", self.frequency_penalty), ("seed", self.seed)):
+                           ("frequency_penalty", self.frequency_penalty), ("seed", self.seed),
+                           *((k, getattr(self, k)) for k in VLLM_SAMPLING_EXTENSIONS)):
             if value is not None:
                 out[key] = value
         if self.stop is not None:

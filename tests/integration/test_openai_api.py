@@ -61,6 +61,21 @@ def test_streamed_text_joins_into_the_whole_completion(client):
     assert whole.usage.prompt_tokens == usage.prompt_tokens > 0
 
 
+@pytest.mark.parametrize("model", ["omni", "llm"])
+def test_vllm_sampling_extensions_reach_the_engine(client, model):
+    """vLLM's OpenAI extensions, as AIPerf's --extra-inputs sends them: top_k 1 makes a
+    temperature-1 sample the greedy reply, ignore_eos runs to max_tokens."""
+    kwargs = dict(model=model, messages=_user("tell me a story"), max_tokens=16)
+    greedy = client.chat.completions.create(**kwargs, temperature=0)
+    sampled = [client.chat.completions.create(**kwargs, temperature=1.0, seed=s).choices[0]
+               .message.content for s in (1, 2)]
+    top1 = client.chat.completions.create(**kwargs, temperature=1.0, seed=1,
+                                          extra_body={"top_k": 1, "ignore_eos": True})
+    assert top1.choices[0].message.content == greedy.choices[0].message.content
+    assert greedy.choices[0].message.content not in sampled  # so top_k is what made it greedy
+    assert top1.usage.completion_tokens == 16 and top1.choices[0].finish_reason == "length"
+
+
 def test_chat_with_audio_out_streamed_and_whole(client):
     kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
                   modalities=["text", "audio"], **GREEDY)

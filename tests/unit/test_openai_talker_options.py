@@ -171,3 +171,31 @@ def test_the_openai_client_sends_the_extensions_through_extra_body(served):
     audio = completion.choices[0].message.audio
     assert audio.model_extra["codec_ids"] == [7, 3, 5]
     assert base64.b64decode(audio.data)[:4] == b"RIFF"
+
+
+def test_vllm_sampling_extensions_reach_the_thinker_as_sent(served):
+    """What AIPerf sends with `--extra-inputs ignore_eos:true` and friends."""
+    client, front = served
+    extensions = {"ignore_eos": True, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                  "min_tokens": 4, "stop_token_ids": [7], "skip_special_tokens": False,
+                  "include_stop_str_in_output": True}
+    response = client.post("/v1/chat/completions", json={
+        "model": "omni", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9,
+        **extensions})
+
+    assert response.status_code == 200, response.text
+    assert front.client.calls[0]["sampling_parameters"] == {"max_tokens": 9, **extensions}
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_tokens": -1}, "min_tokens"), ({"ignore_eos": "maybe"}, "ignore_eos"),
+    ({"stop_token_ids": ["a"]}, "stop_token_ids.0"), ({"best_of_all": 2}, "best_of_all"),
+])
+def test_bad_sampling_extensions_are_a_400_naming_them(served, body, param):
+    client, front = served
+    response = client.post("/v1/chat/completions", json={
+        "model": "omni", "messages": [{"role": "user", "content": "hi"}], **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.json()
+    assert not front.client.calls
