@@ -136,3 +136,15 @@ def code_of_message(message: str) -> str:
         if any(f in lowered for f in fragments):
             return code
     return "INTERNAL"
+
+
+def call_code(status: str | None, message: str) -> ErrorCode:
+    """The code a failed stage call is reported with: its gRPC status when it has one, else
+    read from its message; a deadline is UNAVAILABLE (the stage did not answer in time)."""
+    code = normalise_code(status) if status else code_of_message(message)
+    return "UNAVAILABLE" if code == "DEADLINE_EXCEEDED" else code
+
+
+def exc_code(e) -> ErrorCode:
+    """call_code of a tritonclient InferenceServerException."""
+    return call_code(e.status(), e.message() or "")

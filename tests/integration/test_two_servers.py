@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from omni_serve.orchestrator.grpc_client import SHM_PREFIX
+from omni_serve.orchestrator.shm import SHM_PREFIX
 from omni_tools.server import TritonServer, free_port
 from omni_tools.spec import load_preset
 

@@ -342,13 +342,13 @@ def test_modalities_need_their_stages():
     (["tritonserver", "--grpc-address", "0.0.0.0", "--grpc-port=7"], "127.0.0.1:7"),
 ])
 def test_the_local_grpc_endpoint_comes_from_the_server_command_line(argv, url):
-    from omni_serve.orchestrator.grpc_client import grpc_url_from_args
+    from omni_serve.orchestrator.locality import grpc_url_from_args
 
     assert grpc_url_from_args(argv) == url
 
 
 def test_a_server_without_grpc_is_refused_with_the_reason():
-    from omni_serve.orchestrator.grpc_client import grpc_url_from_args
+    from omni_serve.orchestrator.locality import grpc_url_from_args
 
     with pytest.raises(ValueError, match="--allow-grpc=false"):
         grpc_url_from_args(["tritonserver", "--allow-grpc=false"])

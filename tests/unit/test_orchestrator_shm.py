@@ -21,20 +21,16 @@ from tritonclient.utils import InferenceServerException
 
 from omni_serve.contract import LLM
 from omni_serve.orchestrator.config import OrchestratorConfig, RemoteStage
-from omni_serve.orchestrator.grpc_client import (
-    SHM_PREFIX,
-    GrpcStageClient,
+from omni_serve.orchestrator.grpc_client import GrpcStageClient, RoutingStageClient, stage_client
+from omni_serve.orchestrator.locality import (
     RemoteEndpoint,
-    RoutingStageClient,
-    ShmRegions,
     is_local_host,
     remote_endpoints,
-    shm_layout,
-    stage_client,
     url_host,
     use_shared_memory,
 )
 from omni_serve.orchestrator.pipeline import StageCallError
+from omni_serve.orchestrator.shm import SHM_PREFIX, ShmRegions, shm_layout
 
 KIB = 1024
 EMBEDS = np.arange(200 * 128, dtype=np.float32).reshape(200, 128)  # 100 KiB

@@ -25,8 +25,9 @@ of leaving them waiting for responses that never come; the model is unloaded
 where the server allows model control, so its readiness says so and a
 model-control load brings it back.
 
-A stage on another server on this host gets its large inputs (the thinker's
-`mm_embeds`) through Triton system shared memory instead of inside the gRPC
+A stage on another server on this host (orchestrator/locality.py says which) gets
+its large inputs (the thinker's `mm_embeds`) through Triton system shared memory
+(orchestrator/shm.py) instead of inside the gRPC
 message: per call, one POSIX region holds every input of at least
 `min_bytes`; it is registered with that server, unlinked from /dev/shm at
 once (the server keeps its own mapping, so nothing leaks if this process
@@ -36,27 +37,21 @@ gRPC (a decoupled stream's responses cannot be placed in advance).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import itertools
 import logging
-import os
-import secrets
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+from tritonclient.utils import np_to_triton_dtype
 
-from omni_serve.errors import code_of_message, normalise_code
+from omni_serve.errors import call_code, exc_code
 from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
+from omni_serve.orchestrator.locality import RemoteEndpoint, use_shared_memory
 from omni_serve.orchestrator.pipeline import StageCallError
+from omni_serve.orchestrator.shm import ShmRegions, shm_layout
 from omni_serve.stubs import StubWatch
 
 log = logging.getLogger(__name__)
 
-_WIRE = {np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
-         np.dtype(np.float32): "FP32", np.dtype(np.uint8): "UINT8", np.dtype(np.uint32): "UINT32"}
 # How long a stream stopped in-band may take to end before its call is cancelled.
 ABORT_GRACE_S = 5.0
 # A stage server that was down and is back (its operator restarted it) is called again
@@ -65,97 +60,6 @@ ABORT_GRACE_S = 5.0
 RECONNECT_BACKOFF_MAX_MS = 1000
 # How often a call waiting on a stage of this server checks that the stage's stubs live.
 STUB_POLL_S = 0.25
-
-
-def local_grpc_url(parent_pid: int | None = None) -> str:
-    """This tritonserver's gRPC endpoint, from its command line (the stub's parent process).
-
-    `OMNI_TRITON_GRPC_URL` overrides it. Raises ValueError when gRPC is off.
-    """
-    if os.environ.get("OMNI_TRITON_GRPC_URL"):
-        return os.environ["OMNI_TRITON_GRPC_URL"]
-    pid = os.getppid() if parent_pid is None else parent_pid
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        argv = []
-    return grpc_url_from_args(argv)
-
-
-def grpc_url_from_args(argv: Sequence[str]) -> str:
-    """The gRPC endpoint tritonserver serves with these arguments (127.0.0.1:8001 by default)."""
-    opts: dict[str, str] = {}
-    args = list(argv)
-    for i, arg in enumerate(args):
-        if not arg.startswith("--"):
-            continue
-        key, eq, value = arg[2:].partition("=")
-        if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-        opts[key.replace("_", "-")] = value
-    if opts.get("allow-grpc", "true").lower() in ("false", "0", "no"):
-        raise ValueError("tritonserver runs with --allow-grpc=false; the orchestrator's grpc "
-                         "transport needs it (or set triton_url / OMNI_TRITON_GRPC_URL)")
-    host = opts.get("grpc-address", "0.0.0.0")
-    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-    return f"{host}:{opts.get('grpc-port', '8001')}"
-
-
-def _call_code(status: str | None, message: str) -> str:
-    """StageCallError code of a failed call: from its gRPC status, else its message."""
-    code = normalise_code(status) if status else code_of_message(message)
-    return "UNAVAILABLE" if code == "DEADLINE_EXCEEDED" else code
-
-
-def _exc_code(e) -> str:
-    """StageCallError code of a tritonclient InferenceServerException."""
-    return _call_code(e.status(), e.message() or "")
-
-
-# --- system shared memory ----------------------------------------------------------
-
-SHM_PREFIX = "omni_shm"  # /dev/shm/omni_shm_<pid>_<token>_<n> while a region is being filled
-_ALIGN = 64
-
-
-def url_host(url: str) -> str:
-    """The host part of a gRPC URL: `h:1`, `[::1]:8001`, `grpc://h:1` -> `h`, `::1`."""
-    rest = url.split("://", 1)[-1].split("/", 1)[0]
-    if rest.startswith("["):
-        return rest[1:].split("]", 1)[0]
-    return rest.rsplit(":", 1)[0] if rest.count(":") == 1 else rest
-
-
-def is_local_host(host: str) -> bool:
-    """True when `host` is this machine: loopback, `localhost`, this host's name or address."""
-    host = host.strip().lower().rstrip(".")
-    if not host:
-        return False
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return True
-        literal = True
-    except ValueError:
-        literal = False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    names = {socket.gethostname().lower()}
-    if not literal:
-        names.add(socket.getfqdn().lower())
-        return host in names
-    try:  # an address of this host's name (no lookup of arbitrary names)
-        return host in socket.gethostbyname_ex(socket.gethostname())[2]
-    except OSError:
-        return False
-
-
-def use_shared_memory(mode: str, url: str) -> bool:
-    """Whether calls to the server at `url` send large inputs through system shared memory."""
-    if mode == "system":
-        return True
-    if mode == "none":
-        return False
-    return is_local_host(url_host(url))
 
 
 def _channel_args() -> list[tuple[str, int]]:
@@ -172,131 +76,6 @@ def _channel_args() -> list[tuple[str, int]]:
             ("grpc.initial_reconnect_backoff_ms", min(250, RECONNECT_BACKOFF_MAX_MS)),
             ("grpc.min_reconnect_backoff_ms", min(250, RECONNECT_BACKOFF_MAX_MS)),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
-
-
-@dataclass(frozen=True)
-class RemoteEndpoint:
-    """How to reach a stage on another server (from the orchestrator's `remote` entry)."""
-
-    url: str
-    shared_memory: str = "none"  # "auto", "system" or "none"
-    shared_memory_min_bytes: int = SHM_MIN_BYTES_DEFAULT
-
-
-def remote_endpoints(cfg) -> dict[str, RemoteEndpoint]:
-    """The remote stages of an OrchestratorConfig, environment overrides applied."""
-    return {model: RemoteEndpoint(cfg.remote_url(model), stage.shared_memory_mode(),
-                                  stage.shared_memory_min_bytes)
-            for model, stage in cfg.remote.items()}
-
-
-def shm_layout(inputs: dict[str, np.ndarray], min_bytes: int) -> tuple[dict[str, int], int]:
-    """Which inputs go to shared memory (numeric, at least `min_bytes`): name -> offset, size."""
-    offsets: dict[str, int] = {}
-    size = 0
-    for name, arr in inputs.items():
-        arr = np.asarray(arr)
-        if arr.dtype == np.object_ or arr.nbytes < min_bytes:
-            continue
-        offsets[name] = size
-        size += -(-arr.nbytes // _ALIGN) * _ALIGN
-    return offsets, size
-
-
-class ShmRegions:
-    """Per-call system shared-memory regions registered with one server.
-
-    `place()` makes one region per call, registers it and unlinks its /dev/shm
-    name; `release()` unregisters it in the background, retrying while the
-    server still holds the request (Triton >= 2.50 refuses to unregister a
-    region in use); `close()` unregisters whatever is left.
-    """
-
-    def __init__(self, retry_s: float = 30.0):
-        self.prefix = f"{SHM_PREFIX}_{os.getpid()}_{secrets.token_hex(3)}"
-        self._n = itertools.count()
-        self.registered: set[str] = set()  # on the server, not yet unregistered
-        self.retry_s = retry_s
-        self._releases: set[asyncio.Task] = set()
-
-    async def place(self, client, inputs: dict[str, np.ndarray],
-                    offsets: dict[str, int], size: int) -> str:
-        """Copy `inputs[offsets]` into a new region registered with `client`'s server."""
-        import tritonclient.utils.shared_memory as shm  # noqa: PLC0415
-
-        name = f"{self.prefix}_{next(self._n)}"
-        handle = shm.create_shared_memory_region(name, f"/{name}", size, create_only=True)
-        try:
-            for tensor, offset in offsets.items():
-                shm.set_shared_memory_region(handle, [np.ascontiguousarray(inputs[tensor])], offset)
-            self.registered.add(name)  # even a cancelled register may have reached the server
-            try:
-                await client.register_system_shared_memory(name, f"/{name}", size)
-            except BaseException:
-                self.release(client, name)
-                raise
-        finally:
-            shm.destroy_shared_memory_region(handle)  # the server keeps its own mapping
-        return name
-
-    def release(self, client, name: str) -> None:
-        """Unregister `name` from the server (in the background, retried while in use)."""
-        task = asyncio.get_running_loop().create_task(self._unregister(client, name))
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
-
-    async def _unregister(self, client, name: str) -> None:
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_s
-        delay = 0.01
-        while True:
-            try:
-                await client.unregister_system_shared_memory(name)
-                self.registered.discard(name)
-                return
-            except InferenceServerException as e:
-                if loop.time() + delay > deadline:
-                    log.warning("could not unregister shared memory region %s (%s); "
-                                "trying again at shutdown", name, e.message())
-                    return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    async def drain(self) -> None:
-        """Wait for the releases in flight."""
-        while self._releases:
-            await asyncio.gather(*list(self._releases), return_exceptions=True)
-
-    async def close(self, client, timeout_s: float = 5.0) -> None:
-        """Unregister every region still registered (at orchestrator shutdown).
-
-        Retries for up to `timeout_s` while the server still holds a cancelled
-        request's region; gives up at once when the server is unreachable.
-        """
-        for task in list(self._releases):
-            task.cancel()
-        await asyncio.gather(*list(self._releases), return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        error: Exception | None = None
-        while self.registered and loop.time() < deadline:
-            for name in sorted(self.registered):
-                try:
-                    async with asyncio.timeout(max(0.1, deadline - loop.time())):
-                        await client.unregister_system_shared_memory(name)
-                    self.registered.discard(name)
-                except Exception as e:
-                    error = e
-                    if hasattr(e, "status") and _exc_code(e) == "UNAVAILABLE":
-                        deadline = 0.0  # the server is gone, and its regions with it
-                        break
-            if self.registered:
-                await asyncio.sleep(0.1)
-        if self.registered:
-            log.warning("shared memory regions left registered: %s (%s)",
-                        ", ".join(sorted(self.registered)), error)
 
 
 class GrpcStageClient:
@@ -346,7 +125,7 @@ class GrpcStageClient:
         out = []
         for name, arr in inputs.items():
             arr = np.asarray(arr)
-            wire = "BYTES" if arr.dtype == np.object_ else _WIRE[arr.dtype]
+            wire = np_to_triton_dtype(arr.dtype)
             tensor = grpcclient.InferInput(name, list(arr.shape), wire)
             if region is not None and offsets and name in offsets:
                 tensor.set_shared_memory(region, arr.nbytes, offsets[name])
@@ -375,7 +154,7 @@ class GrpcStageClient:
                         "inputs over gRPC", self.url, e, e.__cause__)
             return self._inputs(inputs), None
         except InferenceServerException as e:
-            code = _exc_code(e)
+            code = exc_code(e)
             if self.shm_mode == "system" or code == "UNAVAILABLE":
                 raise StageCallError(code, f"registering system shared memory with {self.url}: "
                                            f"{e.message()}") from e
@@ -412,7 +191,7 @@ class GrpcStageClient:
         try:
             result = await self._watched(model, asyncio.shield(call))
         except InferenceServerException as e:
-            raise StageCallError(_exc_code(e), e.message()) from e
+            raise StageCallError(exc_code(e), e.message()) from e
         except (asyncio.CancelledError, StageCallError):
             # nobody awaits the call now: retrieve its outcome so asyncio does not report it
             call.add_done_callback(lambda c: c.cancelled() or c.exception())
@@ -501,7 +280,7 @@ class GrpcStageClient:
             return StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s")
         if not isinstance(e, StreamError):
             return StageCallError("INTERNAL", f"{type(e).__name__}: {e}")
-        code = _call_code(e.code, e.message)
+        code = call_code(e.code, e.message)
         if (e.code is None and code in ("INVALID_ARG", "INTERNAL") and not answered
                 and not await self._model_ready(model)):
             # Triton sends "unknown model" (unloaded, not yet loaded) in-band on a stream,
