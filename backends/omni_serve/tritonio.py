@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from omni_serve import processes
 from omni_serve.contract import ENV_PARAMETER_PREFIX, StageContract
 from omni_serve.errors import (
     RequestCancelledError,
@@ -298,7 +299,7 @@ def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> th
                 # Children first: the stub exits by itself about a second
                 # after the server dies, and a graceful engine shutdown may
                 # not finish before that.
-                _kill_children(grace_s=0.5)
+                processes.terminate(processes.descendants(), grace_s=0.5)
                 try:
                     cleanup()
                 except Exception:
@@ -309,24 +310,6 @@ def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> th
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
     return thread
-
-
-def _kill_children(grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL, every process this one started (vLLM engine core, workers)."""
-    import psutil  # noqa: PLC0415
-
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
 
 
 class Metrics:

@@ -64,6 +64,8 @@ def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(
     url = server.grpc_url
     assert _generate(url)
     (core,) = _engine_cores(server)
+    workers = core.children(recursive=True)
+    assert workers, "expected the engine core to run worker processes"
     os.kill(core.pid, signal.SIGKILL)
 
     # requests are UNAVAILABLE naming the stage within seconds
@@ -87,6 +89,13 @@ def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(
             time.sleep(0.2)
         assert not client.is_model_ready(MODEL), server.log_tail()
         assert client.is_server_live()
+
+        # the dead core's workers (re-parented to init) are ended with it
+        deadline = time.monotonic() + 30
+        while any(w.is_running() for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [f"{w.pid} {w.name()}" for w in workers if w.is_running()]
+        assert not left, f"the dead engine's workers outlived it: {left}"
 
         # an explicit model-control load brings a fresh engine, no server restart
         client.load_model(MODEL)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from omni_serve import processes
 from omni_serve.contract import LLM, MAX_QUEUED_ARG
 from omni_serve.errors import RequestError, StageOverloadedError, StageUnavailableError
 from omni_serve.llm import hidden_states, sampling, talker, talker_engine, warmup
@@ -144,6 +145,9 @@ class LLMStage:
         # runs once.
         self.dead = ""
         self.on_dead: Callable[[str], None] | None = None
+        # the engine core and its workers, as started: a killed core's workers
+        # outlive it re-parented to init, and must still be ended
+        self._engine_processes: list = []
 
     # --- lifecycle ---------------------------------------------------------------
     def start(self, warm_up: bool = True) -> None:
@@ -165,6 +169,7 @@ class LLMStage:
         self.engine = AsyncLLM.from_engine_args(
             args, stat_loggers=[_stat_logger_factory(
                 lambda: NULL_METRICS if self._warming else self.metrics)])
+        self._engine_processes = processes.descendants()
         self.max_model_len = self.engine.model_config.max_model_len
         if self.max_queued is not None:
             self.max_in_flight = self.engine.vllm_config.scheduler_config.max_num_seqs + self.max_queued
@@ -242,6 +247,7 @@ class LLMStage:
                 pass
         if self.engine is not None:
             self.engine.shutdown()
+        processes.terminate(self._engine_processes)  # what a dead core left behind
         if self._capture_dir is not None:
             hidden_states.remove_directory(self._capture_dir)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -357,6 +363,9 @@ class LLMStage:
             self.dead = (f"stage {self.name} is unavailable: its vLLM engine died ({error}); "
                          "reload the model (model control) or restart the server")
             log.error("[%s] %s", self.name, self.dead)
+            # its workers cannot serve without it: end them now, not at unload
+            threading.Thread(target=processes.terminate, args=(self._engine_processes,),
+                             name=f"{self.name}-reap", daemon=True).start()
             if self.on_dead is not None:
                 try:
                     self.on_dead(self.dead)
