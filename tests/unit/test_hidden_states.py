@@ -153,15 +153,16 @@ def test_rows_are_read_as_outputs_account_for_them(capture_dir):
     assert not os.path.exists(capture.path)
 
 
-@pytest.mark.parametrize("abandoned", [False, True])
-def test_a_handed_over_file_stays_for_its_caller_unless_the_request_was_abandoned(
-        capture_dir, abandoned):
+@pytest.mark.parametrize("completed", [False, True])
+def test_a_handed_over_file_stays_for_its_caller_only_if_its_request_completed(
+        capture_dir, completed):
     capture = CaptureFile(str(capture_dir), H)
     capture.handed_over = True
+    capture.completed = completed  # failed or aborted: its caller may not know the name
     hidden_states.write_final_rows(capture.path, 3)
-    capture.close(abandoned=abandoned)  # failed or aborted: its caller may not know the name
+    capture.close()
     for path in (capture.path, capture.path + hidden_states.ROWS_SUFFIX):
-        assert os.path.exists(path) is not abandoned
+        assert os.path.exists(path) is completed
 
 
 def test_merged_deltas_keep_every_row_in_order():
@@ -188,6 +189,7 @@ def test_a_handed_over_file_outlives_the_request_until_its_caller_deletes_it(cap
     assert asyncio.run(capture.span_until(3)) == (0, 3, 2 * H)
     assert asyncio.run(capture.span_until(5)) == (3, 2, 2 * H)
     capture.handed_over = True
+    capture.completed = True
     capture.close()
     embeds, hidden = hidden_states.split_rows(hidden_states.read_rows(capture.path, 3, 2, 2 * H))
     np.testing.assert_array_equal(embeds, rows[3:, :H])

@@ -167,7 +167,7 @@ class CaptureFile:
         self.width = 2 * hidden_size
         self.rows_read = 0
         self.handed_over = False
-        self.aborted = False  # its request ended "abort"
+        self.completed = False  # its request ended with a reply (not failed, not aborted)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 
     @staticmethod
@@ -209,17 +209,15 @@ class CaptureFile:
             self.rows_read = rows
         return first, max(0, rows - first), self.width
 
-    def close(self, abandoned: bool = False) -> None:
-        """Close it; delete it unless it was handed to a caller that still wants it (an
-        `abandoned` request's caller does not: it failed or was aborted)."""
+    def close(self) -> None:
+        """Close it; delete it unless it was handed to a caller that still wants it.
+
+        The caller of a request that failed or was aborted may never have learnt its
+        name (it stopped reading), so such a file goes here.
+        """
         os.close(self._fd)
-        if abandoned:
+        if not (self.handed_over and self.completed):
             remove_handed_over(self.path)
-        elif not self.handed_over:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
 
 def _remove_stale(directory: str, ttl_s: float = HANDED_OVER_TTL_S) -> None:

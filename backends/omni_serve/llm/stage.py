@@ -378,7 +378,6 @@ class LLMStage:
         from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
 
         capture = None
-        completed = False
         try:
             fields = (self.talker.sampling(req.sampling, self.max_model_len)
                       if self.talker is not None else req.sampling)
@@ -394,7 +393,6 @@ class LLMStage:
                 sink.send(_aborted_output())
                 return
             await self._stream(req, sink, params, engine_input, arrival, capture)
-            completed = True
         except RequestError as e:
             sink.fail(e)
         except (VLLMClientError, ValueError) as e:
@@ -413,9 +411,7 @@ class LLMStage:
             sink.fail(e)
         finally:
             if capture is not None:
-                # a request that failed or was aborted: its caller may never have learnt
-                # the handed-over file's name (it stopped reading), so it goes here
-                capture.close(abandoned=not completed or capture.aborted)
+                capture.close()
 
     def _capture(self, params) -> hidden_states.CaptureFile:
         """A capture file for one request's hidden states, named in its SamplingParams.
@@ -470,8 +466,8 @@ class LLMStage:
                     rows = await capture.read_until(want)
             if out.finished:  # counted before the final response goes: whoever has it sees them
                 self._count(n_in, n_out, first_at, last_at)
-                if capture is not None and comp.finish_reason == "abort":
-                    capture.aborted = True
+                if capture is not None:
+                    capture.completed = comp.finish_reason != "abort"
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
                                 num_input_tokens=n_in, num_output_tokens=n_out,
                                 final=out.finished, token_ids=tuple(ids),

@@ -49,10 +49,8 @@ class ThinkerRows:
     done: asyncio.Event = field(default_factory=asyncio.Event)  # the thinker has finished
 
     def update(self, out: dict[str, np.ndarray]) -> None:
-        path = out.get(LLM.HIDDEN_STATES_FILE)
-        if path is not None and self.file is None:
-            value = np.asarray(path).reshape(-1)[0]
-            self.file = value.decode() if isinstance(value, bytes) else str(value)
+        if self.file is None:
+            self.file = _file_of(out)
         ids = out.get(LLM.INPUT_TOKEN_IDS)
         if ids is not None and self.prompt_ids is None:
             self.prompt_ids = [int(i) for i in np.asarray(ids).reshape(-1)]
@@ -75,10 +73,18 @@ class ThinkerRows:
 def remove_unread_file(out: dict[str, np.ndarray]) -> None:
     """A thinker response nobody read (the request was stopped): the file it hands over is
     this request's to delete, and nobody else knows its name."""
-    path = out.get(LLM.HIDDEN_STATES_FILE)
+    path = _file_of(out)
     if path is not None:
-        value = np.asarray(path).reshape(-1)[0]
-        remove_handed_over(value.decode() if isinstance(value, bytes) else str(value))
+        remove_handed_over(path)
+
+
+def _file_of(out: dict[str, np.ndarray]) -> str | None:
+    """The hidden-states file a thinker response hands over, if it names one."""
+    path = out.get(LLM.HIDDEN_STATES_FILE)
+    if path is None:
+        return None
+    value = np.asarray(path).reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # the thinker inputs that keep its rows for the talker
