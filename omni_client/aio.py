@@ -12,29 +12,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Self, Unpack
 
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from omni_client import _calls
+from omni_client._base import (
+    CLIENT_TIMEOUT,
+    ClientBase,
+    ImageOptions,
+    StreamOptions,
+    Timeout,
+    completion,
+)
 from omni_client._calls import ModelInfo, Prepared
-from omni_client.errors import OmniClientError, RequestTimeoutError, UnavailableError, from_triton
-from omni_client.media import AudioInput, ImageInput
-from omni_client.types import ChatResult, Event, ImageOutput, SpeechResult
+from omni_client.errors import OmniClientError, UnavailableError, from_triton
+from omni_client.types import ChatResult, Completion, Event, ImageOutput, SpeechResult, TextDelta
 from omni_serve.grpc_stream import StreamError, stream_request, strict_errors_safe
 
 logger = logging.getLogger(__name__)
 
-def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    return timeout
 
-
-class AsyncOmniClient:
+class AsyncOmniClient(ClientBase):
     """Asyncio client of omni pipelines, LLM and DiT models on Triton over gRPC.
 
         async with AsyncOmniClient("localhost:8001") as client:
@@ -51,14 +53,10 @@ class AsyncOmniClient:
     def __init__(self, url: str = "localhost:8001", *, timeout: float | None = 60.0,
                  model: str = "llm", retries: int = 2, retry_backoff_s: float = 0.2,
                  verbose: bool = False, strict_stream_errors: bool | None = None) -> None:
-        self.url = url
-        self._strict = strict_stream_errors
-        self.model = model
-        self.timeout = _check_timeout(timeout)
-        self.retries = _calls.check_retries(retries)
-        self.retry_backoff_s = retry_backoff_s
+        super().__init__(url, timeout=timeout, model=model, retries=retries,
+                         retry_backoff_s=retry_backoff_s,
+                         strict_stream_errors=strict_stream_errors)
         self._client = grpcaio.InferenceServerClient(url, verbose=verbose)
-        self._configs: dict[str, dict] = {}
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -75,66 +73,76 @@ class AsyncOmniClient:
 
     # --- calls -----------------------------------------------------------------------
 
-    async def is_live(self) -> bool:
+    async def is_live(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> bool:
         """Whether the server answers its liveness check (False when unreachable)."""
+        wait_s = self._resolve_timeout(timeout)
         try:
-            return bool(await self._client.is_server_live())
+            return bool(await self._client.is_server_live(client_timeout=wait_s))
         except InferenceServerException as exc:
             logger.debug("server not live: %s", exc)
             return False
 
-    async def is_ready(self, model: str | None = None) -> bool:
+    async def is_ready(self, model: str | None = None, *,
+                       timeout: Timeout = CLIENT_TIMEOUT) -> bool:
         """Whether the server is live and `model` (default: `self.model`) is ready."""
+        wait_s = self._resolve_timeout(timeout)
         try:
-            return bool(await self._client.is_server_live()) and bool(
-                await self._client.is_model_ready(model or self.model))
+            return bool(await self._client.is_server_live(client_timeout=wait_s)) and bool(
+                await self._client.is_model_ready(model or self.model, client_timeout=wait_s))
         except InferenceServerException as exc:
             logger.debug("model=%s not ready: %s", model or self.model, exc)
             return False
 
-    async def list_models(self) -> list[ModelInfo]:
+    async def generate_stream(self, prompt: str, *,
+                              sampling_parameters: Mapping[str, Any] | None = None,
+                              max_tokens: int | None = None, temperature: float | None = None,
+                              timeout: Timeout = CLIENT_TIMEOUT,
+                              request_id: str | None = None) -> AsyncIterator[TextDelta]:
+        """Text for `prompt` from `self.model`, a TextDelta per streamed response; see
+        OmniClient.generate_stream (same arguments, same errors)."""
+        prepared = self._llm_request(prompt, True, sampling_parameters, max_tokens, temperature)
+        async for result in self._results(prepared, self._resolve_timeout(timeout), request_id):
+            for delta in prepared.parse(result):
+                yield delta
+
+    async def generate(self, prompt: str, *,
+                       sampling_parameters: Mapping[str, Any] | None = None,
+                       max_tokens: int | None = None, temperature: float | None = None,
+                       timeout: Timeout = CLIENT_TIMEOUT,
+                       request_id: str | None = None) -> Completion:
+        """Text for `prompt` in one response; see OmniClient.generate."""
+        prepared = self._llm_request(prompt, False, sampling_parameters, max_tokens, temperature)
+        deltas = []
+        async for result in self._results(prepared, self._resolve_timeout(timeout), request_id):
+            deltas.extend(prepared.parse(result))
+        return completion(deltas)
+
+    async def list_models(self, *, timeout: Timeout = CLIENT_TIMEOUT) -> list[ModelInfo]:
         """The server's entry models; see OmniClient.list_models (same errors, same retries)."""
+        wait_s = self._resolve_timeout(timeout)
+
         async def index() -> list[ModelInfo]:
-            rows = await self._call(lambda: self._client.get_model_repository_index(as_json=True))
-            models = []
-            for row in rows.get("models", []):
-                if row.get("state") == "READY":
-                    info = _calls.model_info(row["name"], await self._config(row["name"]))
-                    if info is not None:
-                        models.append(info)
-            return models
+            rows = await self._call(lambda: self._client.get_model_repository_index(
+                as_json=True, client_timeout=wait_s))
+            infos = [_calls.model_info(name, await self._config(name, wait_s))
+                     for name in self._ready_rows(rows)]
+            return [info for info in infos if info is not None]
 
         return await self._retrying(index)
 
-    async def stream(self, text: str, *, model: str | None = None, image: ImageInput | None = None,
-                     audio: AudioInput | None = None, audio_sample_rate: int | None = None,
-                     modalities: Sequence[str] | None = None,
-                     sampling_parameters: Mapping[str, Any] | None = None,
-                     max_tokens: int | None = None, temperature: float | None = None,
-                     speaker: str | None = None, seed: int | None = None, task: str | None = None,
-                     session_id: str | None = None,
-                     history: Sequence[Mapping[str, str]] | None = None,
-                     talker_sampling: Mapping[str, Any] | None = None,
-                     stream_audio: bool | None = None, return_codec_ids: bool = False,
-                     inputs: Mapping[str, Any] | None = None, timeout: float | None = -1.0,
-                     request_id: str | None = None) -> AsyncIterator[Event]:
+    async def stream(self, text: str, *, model: str | None = None,
+                     timeout: Timeout = CLIENT_TIMEOUT, request_id: str | None = None,
+                     **options: Unpack[StreamOptions]) -> AsyncIterator[Event]:
         """Run one request on any entry model, yielding events; see OmniClient.stream.
 
-        `timeout` -1 (the default) means the client's timeout. Raises what
-        OmniClient.stream raises. To cancel the request the moment you stop
+        Raises what OmniClient.stream raises. To cancel the request the moment you stop
         reading, iterate inside `contextlib.aclosing(client.stream(...))`
         (otherwise it is cancelled when the event loop finalizes the
         abandoned generator).
         """
-        wait_s = self.timeout if timeout == -1.0 else _check_timeout(timeout)
+        wait_s = self._resolve_timeout(timeout)
         name = model or await self._default_model("omni", "llm", "image")
-        prepared = _calls.prepare_stream(
-            name, await self._config(name), text, image=image, audio=audio,
-            audio_sample_rate=audio_sample_rate, modalities=modalities,
-            sampling_parameters=sampling_parameters, max_tokens=max_tokens,
-            temperature=temperature, speaker=speaker, seed=seed, task=task,
-            session_id=session_id, history=history, talker_sampling=talker_sampling,
-            stream_audio=stream_audio, return_codec_ids=return_codec_ids, inputs=inputs)
+        prepared = _calls.prepare_stream(name, await self._config(name, wait_s), text, **options)
         if prepared.unary:
             result = await self._unary(prepared, wait_s)
             for event in prepared.parse(result):
@@ -153,7 +161,7 @@ class AsyncOmniClient:
     async def speech(self, text: str, *, model: str | None = None, voice: str | None = None,
                      seed: int | None = None, talker_sampling: Mapping[str, Any] | None = None,
                      stream_audio: bool | None = None, return_codec_ids: bool = False,
-                     timeout: float | None = -1.0) -> SpeechResult:
+                     timeout: Timeout = CLIENT_TIMEOUT) -> SpeechResult:
         """Read `text` aloud; see OmniClient.speech."""
         result = await self.chat(text, model=model or await self._default_model("omni"),
                                  speaker=voice, seed=seed, task="speech",
@@ -161,32 +169,27 @@ class AsyncOmniClient:
                                  return_codec_ids=return_codec_ids, timeout=timeout)
         return _calls.speech_result(result)
 
-    async def generate_image(self, prompt: str, *, model: str | None = None, **fields: Any
-                             ) -> ImageOutput:
+    async def generate_image(self, prompt: str, *, model: str | None = None,
+                             timeout: Timeout = CLIENT_TIMEOUT,
+                             **options: Unpack[ImageOptions]) -> ImageOutput:
         """One image from a DiT stage; see OmniClient.generate_image (same keywords)."""
-        timeout = fields.pop("timeout", -1.0)
-        wait_s = self.timeout if timeout == -1.0 else _check_timeout(timeout)
+        wait_s = self._resolve_timeout(timeout)
         prepared = _calls.prepare_image(model or await self._default_model("image"), prompt,
-                                        **fields)
+                                        **options)
         result = await self._retrying(lambda: self._unary(prepared, wait_s))
         return _calls.parse_image(result)
 
     # --- transport -------------------------------------------------------------------
 
-    async def _config(self, model: str) -> dict:
+    async def _config(self, model: str, wait_s: float | None = None) -> dict:
         if model not in self._configs:
-            config = await self._retrying(lambda: self._call(
-                lambda: self._client.get_model_config(model, as_json=True)))
-            self._configs[model] = config.get("config", config)
+            self._keep_config(model, await self._retrying(lambda: self._call(
+                lambda: self._client.get_model_config(model, as_json=True,
+                                                      client_timeout=wait_s))))
         return self._configs[model]
 
     async def _default_model(self, *kinds: str) -> str:
-        models = await self.list_models()  # one index request, whatever the kinds
-        for kind in kinds:
-            for info in models:
-                if info.kind == kind and not info.internal:
-                    return info.name
-        return self.model
+        return self._pick_model(await self.list_models(), kinds)  # one index request
 
     async def _call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         if self._closed:
@@ -201,9 +204,10 @@ class AsyncOmniClient:
             try:
                 return await fn()
             except UnavailableError:
-                if attempt == self.retries:
+                delay = self._retry_delay(attempt)
+                if delay is None:
                     raise
-                await asyncio.sleep(self.retry_backoff_s * 2 ** attempt)
+                await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def _unary(self, prepared: Prepared, wait_s: float | None) -> Any:
@@ -228,8 +232,7 @@ class AsyncOmniClient:
                                                timeout_s=wait_s, strict=strict):
                 yield result
         except TimeoutError:
-            raise RequestTimeoutError(f"no response from model {prepared.model!r} within "
-                                      f"{wait_s}s (request id {request_id})") from None
+            raise self._timed_out(prepared.model, wait_s, request_id) from None
         except StreamError as exc:
             status = None if exc.code is None else f"StatusCode.{exc.code}"
             cause = InferenceServerException(msg=exc.message, status=status)

@@ -140,18 +140,32 @@ def test_sync_speech_passes_the_options_and_returns_the_codec_ids():
 
 # --- the asyncio client, in step -----------------------------------------------------
 
-TALKER_OPTIONS = ("talker_sampling", "stream_audio", "return_codec_ids")
+def _public(cls) -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(fn) for name, fn in vars(cls).items()
+            if callable(fn) and not name.startswith("_")}
 
 
-@pytest.mark.parametrize("method", ["stream", "speech"])
-def test_both_clients_take_the_talker_options_with_the_same_defaults(method):
-    sync = inspect.signature(getattr(OmniClient, method)).parameters
-    async_ = inspect.signature(getattr(AsyncOmniClient, method)).parameters
-    for name in TALKER_OPTIONS:
-        assert sync[name].kind is inspect.Parameter.KEYWORD_ONLY
-        assert async_[name].kind is inspect.Parameter.KEYWORD_ONLY
-        assert sync[name].default == async_[name].default
-    assert sync["return_codec_ids"].default is False and sync["stream_audio"].default is None
+def test_both_clients_have_the_same_calls_with_the_same_arguments_and_defaults():
+    sync, async_ = _public(OmniClient), _public(AsyncOmniClient)
+    assert set(sync) == set(async_), set(sync) ^ set(async_)
+    for name, signature in sync.items():
+        params = [(p.name, p.kind, p.default, p.annotation)
+                  for p in signature.parameters.values()]
+        assert params == [(p.name, p.kind, p.default, p.annotation)
+                          for p in async_[name].parameters.values()], name
+    assert {"generate", "generate_stream", "generate_image", "stream", "speech"} <= set(sync)
+
+
+def test_the_stream_and_image_options_are_what_the_requests_take():
+    from omni_client import _calls, _pipeline_io  # noqa: PLC0415
+    from omni_client._base import ImageOptions, StreamOptions  # noqa: PLC0415
+
+    def keywords(fn) -> set[str]:
+        return {p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    assert set(StreamOptions.__annotations__) == keywords(_calls.prepare_stream)
+    assert set(ImageOptions.__annotations__) == keywords(_pipeline_io.image_inputs)
 
 
 def test_the_async_client_sends_the_options_and_gathers_the_codec_ids(monkeypatch):
