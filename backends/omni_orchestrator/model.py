@@ -23,7 +23,6 @@ import numpy as np
 from omni_serve.contract import OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.bls_client import BlsStageClient
 from omni_serve.orchestrator.config import OrchestratorConfig
-from omni_serve.orchestrator.grpc_client import stage_client
 from omni_serve.orchestrator.locality import local_grpc_url, remote_endpoints
 from omni_serve.orchestrator.pipeline import (
     AudioChunk,
@@ -34,6 +33,7 @@ from omni_serve.orchestrator.pipeline import (
     TextDelta,
 )
 from omni_serve.orchestrator.request import parse_request
+from omni_serve.orchestrator.stage_clients import stage_client
 from omni_serve.tritonio import (
     Metrics,
     Outbox,

@@ -2,7 +2,7 @@
 
 Imported by the repository generator (config.pbtxt inputs/outputs), by the
 Triton adapters in backends/*/model.py and by omni_client. Nothing here
-imports tritonserver or torch.
+imports tritonserver or torch (tritonclient's dtype table only).
 """
 from __future__ import annotations
 
@@ -10,31 +10,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from tritonclient.utils import triton_to_np_dtype
 
-# Triton model-config data types used by the stages, with the numpy dtype a
-# client sends/receives and the wire datatype name of the inference protocol.
+# Triton model-config data types used by the stages; the inference protocol's wire name
+# is the same without "TYPE_" (TYPE_STRING travels as BYTES), its numpy dtype is
+# tritonclient's.
 TritonType = Literal["TYPE_STRING", "TYPE_BOOL", "TYPE_UINT32", "TYPE_INT32", "TYPE_INT64",
                      "TYPE_FP32", "TYPE_UINT8"]
-
-NP_DTYPE: dict[str, type] = {
-    "TYPE_STRING": np.object_,
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP32": np.float32,
-    "TYPE_UINT8": np.uint8,
-}
-
-WIRE_DTYPE: dict[str, str] = {
-    "TYPE_STRING": "BYTES",
-    "TYPE_BOOL": "BOOL",
-    "TYPE_UINT32": "UINT32",
-    "TYPE_INT32": "INT32",
-    "TYPE_INT64": "INT64",
-    "TYPE_FP32": "FP32",
-    "TYPE_UINT8": "UINT8",
-}
 
 
 @dataclass(frozen=True)
@@ -52,11 +34,11 @@ class TensorSpec:
 
     @property
     def np_dtype(self) -> type:
-        return NP_DTYPE[self.data_type]
+        return np.dtype(triton_to_np_dtype(self.wire_dtype)).type
 
     @property
     def wire_dtype(self) -> str:
-        return WIRE_DTYPE[self.data_type]
+        return "BYTES" if self.data_type == "TYPE_STRING" else self.data_type.removeprefix("TYPE_")
 
 
 Batching = Literal["engine", "triton"]

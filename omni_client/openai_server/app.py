@@ -2,7 +2,8 @@
 
 Runs as its own process (FastAPI + uvicorn) and talks to Triton over gRPC
 through omni_client's AsyncOmniClient: requests are validated here
-(protocol.py), run as omni_client calls, and answered in OpenAI's shapes.
+(protocol.py), run as omni_client calls, and answered in OpenAI's shapes
+(responses.py).
 Model names are the server's entry models (GET /v1/models). The web demo
 (static/) is served at `/`.
 
@@ -13,11 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import logging
-import struct
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,62 +29,21 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from omni_client import AsyncOmniClient, ModelInfo
-from omni_client.errors import (
-    BadRequestError,
-    CancelledError,
-    OmniClientError,
-    RequestTimeoutError,
-    UnavailableError,
-)
+from omni_client.errors import OmniClientError
 from omni_client.media import encode_audio
 from omni_client.openai_server import protocol as p
-from omni_client.types import AudioChunk, CodecIds, Event, Final, TextDelta, Usage
+from omni_client.openai_server.responses import (
+    ChatCompletion,
+    as_openai_error,
+    chat_stream,
+    speech_stream,
+)
+from omni_client.types import AudioChunk, Event
 
 log = logging.getLogger("omni_openai")
 
 STATIC_DIR = Path(__file__).parent / "static"
 _MODELS_TTL_S = 5.0
-
-
-def _status_of(exc: OmniClientError) -> tuple[int, str]:
-    if isinstance(exc, BadRequestError):
-        return 400, "invalid_request_error"
-    if isinstance(exc, UnavailableError):
-        return 503, "service_unavailable"
-    if isinstance(exc, RequestTimeoutError):
-        return 504, "timeout"
-    if isinstance(exc, CancelledError):
-        return 499, "cancelled"
-    return 500, "server_error"
-
-
-def _as_openai_error(exc: OmniClientError) -> p.OpenAIError:
-    status, type_ = _status_of(exc)
-    return p.OpenAIError(status, exc.message, type_=type_)
-
-
-def _sse(payload: dict[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
-def _usage(usage: Usage | None) -> dict[str, int] | None:
-    if usage is None:
-        return None
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
-
-
-def _pcm16(samples: np.ndarray) -> bytes:
-    return encode_audio(samples, 24000, "pcm")  # the rate is not used for raw PCM
-
-
-def _streaming_wav_header(sample_rate: int) -> bytes:
-    """A 16-bit mono WAV header whose sizes say "unknown" (0xFFFFFFFF), for a streamed body."""
-    unknown = 0xFFFFFFFF
-    return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", unknown))
 
 
 class Frontend:
@@ -149,59 +106,6 @@ async def _first_and_rest(events: AsyncIterator[Event]) -> tuple[list[Event], As
     return [first], events
 
 
-class _Completion:
-    """One chat completion being answered (shared by the streamed and whole forms)."""
-
-    def __init__(self, body: p.ChatRequest, audio: bool):
-        self.body = body
-        self.audio = audio
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.audio_id = f"audio_{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.body.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    def delta(self, event: Event) -> dict[str, Any] | None:
-        if isinstance(event, TextDelta):
-            if not event.text:
-                return None
-            if self.audio:
-                return {"audio": {"id": self.audio_id, "transcript": event.text}}
-            return {"content": event.text}
-        if isinstance(event, AudioChunk) and self.audio:
-            return {"audio": {"id": self.audio_id,
-                              "data": base64.b64encode(_pcm16(event.samples)).decode()}}
-        if isinstance(event, CodecIds) and self.audio and event.ids:
-            return {"audio": {"id": self.audio_id, "codec_ids": list(event.ids)}}
-        return None
-
-    def whole(self, events: list[Event]) -> dict[str, Any]:
-        text = "".join(e.text for e in events if isinstance(e, TextDelta))
-        final = next((e for e in events if isinstance(e, Final)), Final(None))
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if self.audio:
-            chunks = [e for e in events if isinstance(e, AudioChunk)]
-            samples = (np.concatenate([c.samples for c in chunks]) if chunks
-                       else np.zeros(0, np.float32))
-            rate = chunks[0].sample_rate if chunks else 24000
-            fmt = self.body.audio.format
-            data = (_pcm16(samples) if fmt == "pcm16" else encode_audio(samples, rate, fmt))
-            message["content"] = None  # OpenAI: with audio out, the text is the transcript
-            message["audio"] = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
-                                "expires_at": self.created + 3600, "transcript": text}
-            if self.body.return_codec_ids:  # extension
-                message["audio"]["codec_ids"] = [i for e in events if isinstance(e, CodecIds)
-                                                 for i in e.ids]
-        return {"id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.body.model,
-                "choices": [{"index": 0, "message": message,
-                             "finish_reason": p.finish_reason(final.finish_reason)}],
-                "usage": _usage(final.usage)}
-
-
 def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
     """The FastAPI app serving the OpenAI API for the Triton server at `triton_url` (gRPC)."""
     front = Frontend(triton_url, timeout_s=timeout_s)
@@ -225,7 +129,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
 
     @app.exception_handler(OmniClientError)
     async def _client_error(request: Request, exc: OmniClientError):
-        return await _openai_error(request, _as_openai_error(exc))
+        return await _openai_error(request, as_openai_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -283,14 +187,14 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
                                          "pipeline for audio", param="modalities")
             events = front.client.stream(p.chatml_prompt(body.messages), model=info.name,
                                          sampling_parameters=body.sampling_parameters())
-        completion = _Completion(body, audio)
+        completion = ChatCompletion(body, audio)
         first, rest = await _first_and_rest(events)
         front.latency.labels("/v1/chat/completions").observe(time.perf_counter() - started)
         front.requests.labels("/v1/chat/completions", "200").inc()
         if not body.stream:
             return completion.whole(first + [e async for e in rest])
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_chat_stream(completion, first, rest, include_usage),
+        return StreamingResponse(chat_stream(completion, first, rest, include_usage),
                                  media_type="text/event-stream")
 
     # --- images ----------------------------------------------------------------------
@@ -331,7 +235,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
                 raise p.OpenAIError(500, "the pipeline sent no audio", type_="server_error")
             samples = np.concatenate([c.samples for c in chunks])
             return Response(encode_audio(samples, chunks[0].sample_rate, "flac"), media_type=media)
-        return StreamingResponse(_speech_stream(first, rest, fmt), media_type=media)
+        return StreamingResponse(speech_stream(first, rest, fmt), media_type=media)
 
     # --- web demo --------------------------------------------------------------------
 
@@ -361,50 +265,6 @@ def _talker_options(body: p.ChatRequest, audio: bool) -> dict[str, Any]:
         return {}
     return {"talker_sampling": body.talker_sampling_parameters,
             "stream_audio": body.stream_audio, "return_codec_ids": body.return_codec_ids}
-
-
-async def _chat_stream(completion: _Completion, first: list[Event], rest: AsyncIterator[Event],
-                       include_usage: bool) -> AsyncIterator[bytes]:
-    yield _sse(completion.chunk({"role": "assistant", "content": None if completion.audio else ""}))
-    final: Final | None = None
-    try:
-        async for event in _chain(first, rest):
-            if isinstance(event, Final):
-                final = event
-                continue
-            delta = completion.delta(event)
-            if delta is not None:
-                yield _sse(completion.chunk(delta))
-    except OmniClientError as exc:  # mid-stream: the status line is gone, say it in the stream
-        yield _sse(_as_openai_error(exc).body())
-        yield _sse("[DONE]")
-        return
-    reason = p.finish_reason(final.finish_reason if final else None)
-    yield _sse(completion.chunk({}, reason))
-    if include_usage:
-        chunk = completion.chunk({}, None)
-        chunk["choices"] = []
-        chunk["usage"] = _usage(final.usage if final else None)
-        yield _sse(chunk)
-    yield _sse("[DONE]")
-
-
-async def _speech_stream(first: list[Event], rest: AsyncIterator[Event],
-                         fmt: str) -> AsyncIterator[bytes]:
-    header_sent = False
-    async for event in _chain(first, rest):
-        if isinstance(event, AudioChunk):
-            if fmt == "wav" and not header_sent:
-                yield _streaming_wav_header(event.sample_rate)
-                header_sent = True
-            yield _pcm16(event.samples)
-
-
-async def _chain(first: list[Event], rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    for event in first:
-        yield event
-    async for event in rest:
-        yield event
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from omni_serve.contract import LLM
 from omni_serve.orchestrator.config import OrchestratorConfig, RemoteStage
-from omni_serve.orchestrator.grpc_client import GrpcStageClient, RoutingStageClient, stage_client
+from omni_serve.orchestrator.grpc_client import GrpcStageClient
 from omni_serve.orchestrator.locality import (
     RemoteEndpoint,
     is_local_host,
@@ -31,6 +31,7 @@ from omni_serve.orchestrator.locality import (
 )
 from omni_serve.orchestrator.pipeline import StageCallError
 from omni_serve.orchestrator.shm import SHM_PREFIX, ShmRegions, shm_layout
+from omni_serve.orchestrator.stage_clients import RoutingStageClient, stage_client
 
 KIB = 1024
 EMBEDS = np.arange(200 * 128, dtype=np.float32).reshape(200, 128)  # 100 KiB

@@ -18,13 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 from omni_serve import processes
 from omni_serve.contract import LLM, MAX_QUEUED_ARG
 from omni_serve.errors import RequestError, StageOverloadedError, StageUnavailableError
 from omni_serve.llm import hidden_states, sampling, talker, talker_engine, warmup
 from omni_serve.llm.media import MediaShapes, multi_modal_data
+from omni_serve.llm.metrics import NULL_METRICS, NullMetrics, Sink, StageMetrics, stat_logger_factory
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
 log = logging.getLogger(__name__)
@@ -44,66 +45,6 @@ def _aborted_output() -> LLMOutput:
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "disable_log_stats": True,  # our stat logger still receives the stats
 }
-
-
-class Sink(Protocol):
-    """Where one request's outputs go (the adapter wraps Triton's response sender)."""
-
-    def send(self, output: LLMOutput) -> None: ...
-    def fail(self, error: Exception) -> None: ...
-
-
-class StageMetrics(Protocol):
-    """What the stage reports; the adapter maps it onto Triton custom metrics."""
-
-    def time_to_first_token(self, seconds: float) -> None: ...
-    def time_per_output_token(self, seconds: float) -> None: ...
-    def tokens(self, prompt: int, generated: int) -> None: ...
-    def scheduler(self, running: int, waiting: int) -> None: ...
-    def prefix_cache(self, queries: int, hits: int) -> None: ...
-    def in_flight(self, requests: int) -> None: ...
-
-
-class NullMetrics:
-    def time_to_first_token(self, seconds: float) -> None: ...
-    def time_per_output_token(self, seconds: float) -> None: ...
-    def tokens(self, prompt: int, generated: int) -> None: ...
-    def scheduler(self, running: int, waiting: int) -> None: ...
-    def prefix_cache(self, queries: int, hits: int) -> None: ...
-    def in_flight(self, requests: int) -> None: ...
-
-
-NULL_METRICS = NullMetrics()
-
-
-def _stat_logger_factory(metrics: Callable[[], StageMetrics]) -> Callable:
-    """A vLLM StatLogger factory forwarding scheduler stats.
-
-    Per engine step: running/waiting requests, and the prefix cache's queried
-    and hit prompt tokens of the requests scheduled for the first time in
-    that step (what vLLM's own vllm:prefix_cache_queries/_hits count;
-    preempted requests coming back are left out, as there). `metrics()` is
-    asked each step (the stage's own metrics are muted while it warms up).
-    """
-    from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
-
-    class _SchedulerStats(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
-            self.engine_index = engine_index
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
-            if scheduler_stats is not None:
-                sink = metrics()
-                sink.scheduler(scheduler_stats.num_running_reqs,
-                               scheduler_stats.num_waiting_reqs)
-                cache = getattr(scheduler_stats, "prefix_cache_stats", None)
-                if cache is not None and (cache.queries or cache.hits):
-                    sink.prefix_cache(cache.queries, cache.hits)
-
-        def log_engine_initialized(self):
-            pass
-
-    return _SchedulerStats
 
 
 class LLMStage:
@@ -167,7 +108,7 @@ class LLMStage:
             self._capture_dir = hidden_states.make_directory()  # before the engine core starts
         args = AsyncEngineArgs(**engine_args)
         self.engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[_stat_logger_factory(
+            args, stat_loggers=[stat_logger_factory(
                 lambda: NULL_METRICS if self._warming else self.metrics)])
         self._engine_processes = processes.descendants()
         self.max_model_len = self.engine.model_config.max_model_len
@@ -190,47 +131,17 @@ class LLMStage:
                  self.engine_args.get("model"), self.max_model_len)
 
     async def _warm_up(self) -> None:
-        """Run warmup.plan's batches through the engine, muted, then forget them.
-
-        Nothing of it is counted in the stage's metrics, and the prefix cache
-        is reset afterwards, so the first user request meets a warm engine
-        with an empty cache, as after a plain start.
-        """
-        sched = self.engine.vllm_config.scheduler_config
-        batches = warmup.plan(sched.max_num_seqs, self.max_model_len,
-                              sched.max_num_batched_tokens)
+        """Run warmup.plan's batches through the engine, muted (none of it is counted)."""
         vocab = (self.talker.config.vocab_size if self.talker is not None
                  else self.engine.model_config.get_vocab_size())
-        t0 = time.perf_counter()
         self._warming = True
         try:
-            salt = 0
-            for batch in batches:
-                jobs = []
-                for req in batch:
-                    salt += 1
-                    ids = warmup.prompt_ids(req.prompt_len, vocab, salt)
-                    jobs.append(self._warm_one(ids, req, f"warmup-{salt}"))
-                await asyncio.gather(*jobs)
-            await self.engine.reset_prefix_cache()
+            self.warmup_report = await warmup.run(self.engine, self.max_model_len, vocab,
+                                                  self._render_prompt)
         finally:
             self._warming = False
         self.metrics.scheduler(0, 0)
-        self.warmup_report = (
-            f"warmed up in {time.perf_counter() - t0:.2f} s: {len(batches)} batches, decode batch sizes "
-            f"up to {max(len(batch) for batch in batches)}, prompts up to "
-            f"{max(r.prompt_len for batch in batches for r in batch)} tokens")
         log.info("[%s] %s", self.name, self.warmup_report)
-
-    async def _warm_one(self, ids: list[int], req: warmup.WarmupRequest, request_id: str) -> None:
-        from vllm import SamplingParams  # noqa: PLC0415
-
-        params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
-                                temperature=1.0 if req.seeded else 0.0,
-                                seed=len(ids) if req.seeded else None)
-        prompt = await self._render_prompt({"prompt_token_ids": ids})
-        async for _ in self.engine.generate(prompt, params, request_id):
-            pass
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort what is still running, wait for it, stop the engine and the loop."""

@@ -1,6 +1,7 @@
 """The LLM stage's warm-up plan: the batches it runs at load, before the model reports ready.
 
-Runs in the omni_llm stub (LLMStage.start) and in unit tests. A vLLM engine's
+Runs in the omni_llm stub (LLMStage.start, on the engine's event loop); `plan` also in
+unit tests. A vLLM engine's
 first steps at a new batch size or prompt length pay for first-touch
 allocation, kernel selection and caches; the first user request should not.
 The plan covers decode batches of every power of two up to `max_num_seqs`
@@ -10,8 +11,12 @@ and seeded sampling both, so the sampler's paths are warm too.
 """
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 ENV = "OMNI_LLM_WARMUP"  # "0" skips the warm-up (a faster start while developing)
 DECODE_TOKENS = 4
@@ -64,3 +69,37 @@ def plan(max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int) -> 
 def prompt_ids(length: int, vocab_size: int, salt: int) -> list[int]:
     """Deterministic token ids below `vocab_size`, different per `salt` (no prefix-cache hits)."""
     return [(salt * 7919 + i * 104729 + 13) % vocab_size for i in range(length)]
+
+
+async def run(engine: Any, max_model_len: int, vocab_size: int,
+              render: Callable[[dict], Awaitable[Any]]) -> str:
+    """Run the plan's batches through a vLLM AsyncLLM, then reset its prefix cache.
+
+    `render` turns {"prompt_token_ids": [...]} into the engine's input. The first
+    user request then meets a warm engine with an empty cache, as after a plain
+    start. Returns what was done, for the log.
+    """
+    from vllm import SamplingParams  # noqa: PLC0415
+
+    async def one(ids: list[int], req: WarmupRequest, request_id: str) -> None:
+        params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
+                                temperature=1.0 if req.seeded else 0.0,
+                                seed=len(ids) if req.seeded else None)
+        async for _ in engine.generate(await render({"prompt_token_ids": ids}), params,
+                                       request_id):
+            pass
+
+    sched = engine.vllm_config.scheduler_config
+    batches = plan(sched.max_num_seqs, max_model_len, sched.max_num_batched_tokens)
+    t0 = time.perf_counter()
+    salt = 0
+    for batch in batches:
+        jobs = []
+        for req in batch:
+            salt += 1
+            jobs.append(one(prompt_ids(req.prompt_len, vocab_size, salt), req, f"warmup-{salt}"))
+        await asyncio.gather(*jobs)
+    await engine.reset_prefix_cache()
+    return (f"warmed up in {time.perf_counter() - t0:.2f} s: {len(batches)} batches, decode "
+            f"batch sizes up to {max(len(batch) for batch in batches)}, prompts up to "
+            f"{max(r.prompt_len for batch in batches for r in batch)} tokens")

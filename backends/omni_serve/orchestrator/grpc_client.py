@@ -45,7 +45,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from omni_serve.errors import call_code, exc_code
 from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
-from omni_serve.orchestrator.locality import RemoteEndpoint, use_shared_memory
+from omni_serve.orchestrator.locality import use_shared_memory
 from omni_serve.orchestrator.pipeline import StageCallError
 from omni_serve.orchestrator.shm import ShmRegions, shm_layout
 from omni_serve.stubs import StubWatch
@@ -386,53 +386,3 @@ class GrpcStageClient:
             if self.shm is not None:
                 await self.shm.close(self._client)
             await self._client.close()
-
-
-class RoutingStageClient:
-    """Sends each model's calls to the server that has it (the local one by default)."""
-
-    def __init__(self, local: GrpcStageClient, remote: dict[str, GrpcStageClient]):
-        self.local = local
-        self.remote = remote
-
-    def _for(self, model: str) -> GrpcStageClient:
-        return self.remote.get(model, self.local)
-
-    async def infer(self, model: str, inputs: dict[str, np.ndarray],
-                    outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        return await self._for(model).infer(model, inputs, outputs)
-
-    def stream(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str], *,
-               request_id: str, timeout_s: float,
-               unread: Callable[[dict[str, np.ndarray]], None] | None = None,
-               ) -> AsyncIterator[dict[str, np.ndarray]]:
-        return self._for(model).stream(model, inputs, outputs, request_id=request_id,
-                                       timeout_s=timeout_s, unread=unread)
-
-    async def close(self) -> None:
-        for client in dict.fromkeys([self.local, *self.remote.values()]):
-            await client.close()
-
-
-def stage_client(local_url: str, remote: dict[str, str | RemoteEndpoint], *,
-                 call_timeout_s: float = 300.0,
-                 watch_stubs: bool = False) -> GrpcStageClient | RoutingStageClient:
-    """One gRPC client per server; a router when some stages are remote.
-
-    `call_timeout_s` bounds each unary call;
-    `watch_stubs`: `local_url` is the server this orchestrator runs in (its stub
-    registry tells which stages died).
-    """
-    local = GrpcStageClient(local_url, call_timeout_s=call_timeout_s,
-                            stubs=StubWatch() if watch_stubs else None)
-    if not remote:
-        return local
-    by_endpoint: dict[RemoteEndpoint, GrpcStageClient] = {}
-    clients = {}
-    for model, where in remote.items():
-        ep = RemoteEndpoint(where) if isinstance(where, str) else where
-        if ep not in by_endpoint:
-            by_endpoint[ep] = GrpcStageClient(ep.url, ep.shared_memory, ep.shared_memory_min_bytes,
-                                              call_timeout_s=call_timeout_s)
-        clients[model] = by_endpoint[ep]
-    return RoutingStageClient(local, clients)

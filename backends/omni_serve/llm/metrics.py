@@ -1,0 +1,74 @@
+"""What the LLM stage reports, and the vLLM stat logger that feeds it.
+
+Runs in the omni_llm stub process. LLMStage calls a `StageMetrics` (the
+adapter's maps it onto Triton custom metrics; `NullMetrics` drops it) per
+request, and vLLM's engine calls the stat logger made by
+`stat_logger_factory` once per engine step with its scheduler stats.
+`Sink` is where one request's outputs go.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from omni_serve.llm.request import LLMOutput
+
+
+class Sink(Protocol):
+    """Where one request's outputs go (the adapter wraps Triton's response sender)."""
+
+    def send(self, output: LLMOutput) -> None: ...
+    def fail(self, error: Exception) -> None: ...
+
+
+class StageMetrics(Protocol):
+    """What the stage reports; the adapter maps it onto Triton custom metrics."""
+
+    def time_to_first_token(self, seconds: float) -> None: ...
+    def time_per_output_token(self, seconds: float) -> None: ...
+    def tokens(self, prompt: int, generated: int) -> None: ...
+    def scheduler(self, running: int, waiting: int) -> None: ...
+    def prefix_cache(self, queries: int, hits: int) -> None: ...
+    def in_flight(self, requests: int) -> None: ...
+
+
+class NullMetrics:
+    def time_to_first_token(self, seconds: float) -> None: ...
+    def time_per_output_token(self, seconds: float) -> None: ...
+    def tokens(self, prompt: int, generated: int) -> None: ...
+    def scheduler(self, running: int, waiting: int) -> None: ...
+    def prefix_cache(self, queries: int, hits: int) -> None: ...
+    def in_flight(self, requests: int) -> None: ...
+
+
+NULL_METRICS = NullMetrics()
+
+
+def stat_logger_factory(metrics: Callable[[], StageMetrics]) -> Callable:
+    """A vLLM StatLogger factory forwarding scheduler stats.
+
+    Per engine step: running/waiting requests, and the prefix cache's queried
+    and hit prompt tokens of the requests scheduled for the first time in
+    that step (what vLLM's own vllm:prefix_cache_queries/_hits count;
+    preempted requests coming back are left out, as there). `metrics()` is
+    asked each step (the stage's own metrics are muted while it warms up).
+    """
+    from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+
+    class _SchedulerStats(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            if scheduler_stats is not None:
+                sink = metrics()
+                sink.scheduler(scheduler_stats.num_running_reqs,
+                               scheduler_stats.num_waiting_reqs)
+                cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if cache is not None and (cache.queries or cache.hits):
+                    sink.prefix_cache(cache.queries, cache.hits)
+
+        def log_engine_initialized(self):
+            pass
+
+    return _SchedulerStats
