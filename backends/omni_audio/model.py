@@ -9,7 +9,6 @@ gets its waveform (`audio_chunk` [1, n] float32) and `sample_rate` [1, 1].
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
@@ -17,21 +16,11 @@ from omni_serve import stubs
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
+from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import AUDIO, AUDIO_CONTRACT
-from omni_serve.tritonio import (
-    Metrics,
-    apply_stage_env,
-    make_response,
-    parse_each,
-    pb,
-    read_inputs,
-    stage_config,
-    triton_error,
-)
+from omni_serve.tritonio import Metrics, apply_stage_env, make_response, read_inputs, stage_config
 
 log = logging.getLogger("omni_audio")
-
-_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
 class TritonPythonModel:
@@ -43,26 +32,16 @@ class TritonPythonModel:
         self.runner = AudioRunner(self.cfg)
         self._rate = np.array([[self.runner.sample_rate]], dtype=np.int32)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
-        self._batch = m.histogram("omni_audio_batch_size", "Requests per execute() call", _BATCH_BUCKETS)
         self._seconds = m.counter("omni_audio_seconds_generated_total", "Seconds of audio returned")
-        self._busy = m.counter("omni_audio_compute_seconds_total",
-                               "Seconds spent in Token2Wav calls (real-time factor = compute / generated)")
+        self._execute = BatchedExecute(
+            m, "omni_audio",
+            "Seconds spent in Token2Wav calls (real-time factor = compute / generated)",
+            parse=lambda r: parse_request(read_inputs(r, AUDIO_CONTRACT), self.runner.limits),
+            run=lambda items: self.runner.run(items), respond=self._response)
+
 
     def execute(self, requests):
-        self._batch.observe(len(requests))
-        parsed = parse_each(requests, lambda r: parse_request(read_inputs(r, AUDIO_CONTRACT),
-                                                              self.runner.limits))
-        good = [p for p in parsed if not isinstance(p, Exception)]
-        t0 = time.perf_counter()
-        results = iter(self.runner.run(good)) if good else iter(())
-        self._busy.increment(time.perf_counter() - t0)
-        responses = []
-        for item in parsed:
-            result = item if isinstance(item, Exception) else next(results)
-            if isinstance(result, Exception):
-                responses.append(pb().InferenceResponse(error=triton_error(result)))
-                continue
-            self._seconds.increment(result.size / self.runner.sample_rate)
-            responses.append(make_response({AUDIO.AUDIO_CHUNK: result[np.newaxis],
-                                            AUDIO.SAMPLE_RATE: self._rate}))
-        return responses
+        return self._execute(requests)
+    def _response(self, request, item, pcm: np.ndarray):
+        self._seconds.increment(pcm.size / self.runner.sample_rate)
+        return make_response({AUDIO.AUDIO_CHUNK: pcm[np.newaxis], AUDIO.SAMPLE_RATE: self._rate})

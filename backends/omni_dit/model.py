@@ -8,28 +8,18 @@ each gets its PNG (and, when requested, the raw HxWx3 array).
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
 from omni_serve import stubs
+from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import parse_request
 from omni_serve.dit.runner import DitRunner, encode_png
-from omni_serve.tritonio import (
-    Metrics,
-    apply_stage_env,
-    parse_each,
-    pb,
-    read_inputs,
-    stage_config,
-    triton_error,
-)
+from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config
 
 log = logging.getLogger("omni_dit")
-
-_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
 class TritonPythonModel:
@@ -40,13 +30,13 @@ class TritonPythonModel:
         self.cfg = stage_config(args, DitStageConfig)
         self.runner = DitRunner(self.cfg)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
-        self._batch = m.histogram("omni_dit_batch_size", "Requests per execute() call",
-                                  _BATCH_BUCKETS)
+        self._execute = BatchedExecute(
+            m, "omni_dit", "Seconds spent in pipeline calls",
+            parse=lambda r: parse_request(read_inputs(r, DIT_CONTRACT), self.cfg),
+            run=self._run, respond=self._response)
         self._images = m.counter("omni_dit_images_total", "Images generated")
         self._steps = m.counter("omni_dit_denoising_steps_total",
                                 "Denoising steps run (per image)")
-        self._busy = m.counter("omni_dit_compute_seconds_total",
-                               "Seconds spent in pipeline calls")
         self._cache_lookups = m.counter("omni_dit_cache_lookups_total",
                                         "Transformer forwards run with the step cache on")
         self._cache_hits = m.counter("omni_dit_cache_hits_total",
@@ -54,30 +44,20 @@ class TritonPythonModel:
                                      "hits / lookups)")
         self._cache_seen = dict(self.runner.cache_stats)
 
+
     def execute(self, requests):
-        self._batch.observe(len(requests))
-        parsed = parse_each(requests, lambda r: parse_request(read_inputs(r, DIT_CONTRACT),
-                                                              self.cfg))
-        good = [p for p in parsed if not isinstance(p, Exception)]
-        t0 = time.perf_counter()
-        results = iter(self.runner.run(good)) if good else iter(())
-        self._busy.increment(time.perf_counter() - t0)
+        return self._execute(requests)
+    def _run(self, items):
+        results = self.runner.run(items)
         stats = dict(self.runner.cache_stats)
         self._cache_lookups.increment(stats["lookups"] - self._cache_seen["lookups"])
         self._cache_hits.increment(stats["hits"] - self._cache_seen["hits"])
         self._cache_seen = stats
-        responses = []
-        for request, item in zip(requests, parsed):
-            result = item if isinstance(item, Exception) else next(results)
-            if isinstance(result, Exception):
-                responses.append(pb().InferenceResponse(error=triton_error(result)))
-                continue
-            self._images.increment(1)
-            self._steps.increment(item.num_inference_steps)
-            responses.append(self._response(request, result))
-        return responses
+        return results
 
-    def _response(self, request, image: np.ndarray):
+    def _response(self, request, item, image: np.ndarray):
+        self._images.increment(1)
+        self._steps.increment(item.num_inference_steps)
         pb_utils = pb()
         wanted = set(request.requested_output_names() or (DIT.IMAGE, DIT.IMAGE_RAW))
         tensors = []

@@ -10,28 +10,18 @@ response; its batch-mates are served.
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
 from omni_serve import stubs
+from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
-from omni_serve.tritonio import (
-    Metrics,
-    apply_stage_env,
-    parse_each,
-    pb,
-    read_inputs,
-    stage_config,
-    triton_error,
-)
+from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config
 
 log = logging.getLogger("omni_encoder")
-
-_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 
 def _media(request) -> bytes:
@@ -51,32 +41,18 @@ class TritonPythonModel:
         self.runner = EncoderRunner(self.cfg)
         labels = {"model": self.model_name, "modality": self.cfg.modality}
         self._metrics = m = Metrics(labels)  # families must outlive metrics
-        self._batch = m.histogram("omni_encoder_batch_size", "Requests per execute() call",
-                                  _BATCH_BUCKETS)
         self._items = m.counter("omni_encoder_items_total", "Media items encoded")
         self._tokens = m.counter("omni_encoder_tokens_total", "Prompt tokens the items stand for")
-        self._busy = m.counter("omni_encoder_compute_seconds_total",
-                               "Seconds spent decoding, preprocessing and encoding")
+        self._execute = BatchedExecute(
+            m, "omni_encoder", "Seconds spent decoding, preprocessing and encoding",
+            parse=_media, run=lambda items: self.runner.run(items), respond=self._response)
+
 
     def execute(self, requests):
-        self._batch.observe(len(requests))
-        media: list[bytes | Exception] = parse_each(requests, _media)
-        good = [m for m in media if not isinstance(m, Exception)]
-        t0 = time.perf_counter()
-        results = iter(self.runner.run(good)) if good else iter(())
-        self._busy.increment(time.perf_counter() - t0)
-        responses = []
-        for request, item in zip(requests, media):
-            result = item if isinstance(item, Exception) else next(results)
-            if isinstance(result, Exception):
-                responses.append(pb().InferenceResponse(error=triton_error(result)))
-                continue
-            self._items.increment(1)
-            self._tokens.increment(result.tokens)
-            responses.append(self._response(request, result))
-        return responses
-
-    def _response(self, request, out: EncoderOutput):
+        return self._execute(requests)
+    def _response(self, request, media: bytes, out: EncoderOutput):
+        self._items.increment(1)
+        self._tokens.increment(out.tokens)
         pb_utils = pb()
         wanted = set(request.requested_output_names()
                      or (ENCODER.EMBEDDINGS, ENCODER.GRID_THW, ENCODER.FEATURES))

@@ -480,7 +480,8 @@ def test_adapter_answers_each_request_and_adds_the_batch_dimension(folder, tmp_p
     assert out[1].error.code == "INVALID_ARG"
     assert "codec_tokens: codes must be in [0, 512)" in str(out[1].error)
     assert out[2].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 10 * SPC)
-    assert model._batch.values == [3] and model._seconds.values == [8 * SPC / 24000, 10 * SPC / 24000]
+    assert model._execute._batch.values == [3]
+    assert model._seconds.values == [8 * SPC / 24000, 10 * SPC / 24000]
 
 
 @pytest.mark.parametrize("kind, device_id, visible", [

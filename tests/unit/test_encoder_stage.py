@@ -502,7 +502,7 @@ def test_adapter_answers_each_image_with_its_rows_or_its_error(make_adapter, ima
     assert bad.error.code == _Error.INVALID_ARG and bad.error.message.startswith("media:")
     assert missing.error.code == _Error.INVALID_ARG
     assert set(only_rows.tensors) == {"embeddings"}
-    assert adapter._items.values == [1, 1] and adapter._batch.values == [4]
+    assert adapter._items.values == [1, 1] and adapter._execute._batch.values == [4]
     assert adapter._tokens.values == [want.tokens, 4]
 
 
@@ -519,7 +519,7 @@ def test_adapter_answers_each_audio_clip_with_its_features(make_adapter, audio_r
         assert got.dtype == np.float32 and got.shape == (1, MEL_BINS, want.features.shape[1])
         np.testing.assert_array_equal(got[0], want.features)
     assert adapter._tokens.values == [25, 12]  # 100 and 50 frames
-    assert adapter._items.values == [1, 1] and adapter._batch.values == [3]
+    assert adapter._items.values == [1, 1] and adapter._execute._batch.values == [3]
 
 
 def test_adapter_computes_nothing_for_a_request_cancelled_in_the_queue(make_adapter) -> None:
