@@ -9,8 +9,11 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import psutil
 
 from omni_tools.server import TritonServer
 
@@ -33,3 +36,18 @@ def serving(repo: Path, log_dir: Path, *, extra_args: Sequence[str] = (),
     finally:
         server.stop()
         print(f"\ntritonserver log: {server.log_path}")
+
+
+def outliving(procs: Sequence[psutil.Process], timeout_s: float = 30.0) -> list[str]:
+    """Those of `procs` still running after `timeout_s` (a zombie counts as ended), by
+    pid and name; polls, returns as soon as none is left."""
+    def running(proc: psutil.Process) -> bool:
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while any(running(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"{p.pid} {p.name()}" for p in procs if running(p)]

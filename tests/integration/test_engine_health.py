@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .omni_io import error_code
-from .servers import gen_repo, serving
+from .servers import gen_repo, outliving, serving
 
 pytestmark = pytest.mark.integration
 
@@ -91,10 +91,7 @@ def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(
         assert client.is_server_live()
 
         # the dead core's workers (re-parented to init) are ended with it
-        deadline = time.monotonic() + 30
-        while any(w.is_running() for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [f"{w.pid} {w.name()}" for w in workers if w.is_running()]
+        left = outliving(workers)
         assert not left, f"the dead engine's workers outlived it: {left}"
 
         # an explicit model-control load brings a fresh engine, no server restart

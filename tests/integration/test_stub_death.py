@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from .omni_io import OmniStream, error_code, omni_inputs, run_omni
-from .servers import gen_repo, serving
+from .servers import gen_repo, outliving, serving
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,9 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
     try:
         stream.send(omni_inputs(**SPEECH))
         result = stream.collect_until(lambda r: r.codec_ids)  # the talker is speaking
-        os.kill(_stub(server, VICTIM).pid, signal.SIGKILL)
+        victim = _stub(server, VICTIM)
+        engine = victim.children(recursive=True)  # its vLLM engine core and worker
+        os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         result = stream.collect(result, timeout=30)
         failed_after = time.monotonic() - killed_at
@@ -80,6 +82,11 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
     assert "'talker'" in result.error.message()  # the orchestrator names the stage
     print(f"the in-flight request failed {failed_after:.2f} s after the kill")
     assert failed_after < 5.0, f"the in-flight request failed {failed_after:.1f} s after the kill"
+
+    # the dead stub's engine processes go with it (they held the talker and its KV cache)
+    assert engine, "expected the talker's stub to run vLLM's engine processes"
+    left = outliving(engine)
+    assert not left, f"the dead stub's engine processes outlived it: {left}"
 
     with grpcclient.InferenceServerClient(url) as client:
         deadline = time.monotonic() + 30  # the orchestrator unloads it: readiness says so
