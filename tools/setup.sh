@@ -21,15 +21,24 @@
 #   and the checkpoint's own image processor need its transforms;
 # - a Triton backend directory (.venv/triton/backends) with the Python
 #   backend runtime + stub for this Python, and this project's backends;
-# - wrappers .venv/bin/tritonserver and .venv/bin/perf_analyzer.
+# - wrappers .venv/bin/tritonserver and .venv/bin/perf_analyzer;
+# - NVIDIA AIPerf (the OpenAI-endpoint benchmark client) in its OWN venv,
+#   .venv/aiperf (also from Debian's python3.11), with a wrapper
+#   .venv/bin/aiperf: its dependency tree (numpy 2, transformers 5, pandas,
+#   pyarrow, ...) would undo the numpy<2 pin and move vLLM's transformers in
+#   the serving venv, and it only talks HTTP to omni-openai, so the two share
+#   nothing. Installed once; a re-run leaves it alone while the pin holds.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.omni-setup-stamp"
 PY=/usr/bin/python3.11
+AIPERF_VENV="$VENV/aiperf"
+AIPERF_VERSION=0.13.0
 want_stamp="$(cat "$ROOT/tools/setup.sh" "$ROOT/pyproject.toml" "$ROOT"/tools/site/*.py | sha256sum | cut -d' ' -f1)"
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && "${OMNI_FORCE_SETUP:-0}" != 1 ]]; then
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/aiperf"
+      && "${OMNI_FORCE_SETUP:-0}" != 1 ]]; then
   # Code-only changes need no reinstall; the backend links are refreshed.
   exec "$VENV/bin/python" "$ROOT/tools/assemble_backends.py" --quiet
 fi
@@ -89,6 +98,20 @@ with zipfile.ZipFile(whl) as z:
 PYEOF
   rm -rf "$tmp"
 fi
+
+# --- AIPerf (its own venv, see header) ----------------------------------------
+if ! "$AIPERF_VENV/bin/python" -c "import importlib.metadata as m, sys
+sys.exit(m.version('aiperf') != '$AIPERF_VERSION')" 2>/dev/null; then
+  [[ -x "$AIPERF_VENV/bin/python" ]] || "$PY" -m venv "$AIPERF_VENV"
+  "$AIPERF_VENV/bin/python" -m pip --disable-pip-version-check -q install "aiperf==$AIPERF_VERSION"
+fi
+cat > "$VENV/bin/aiperf" <<WRAPPER
+#!/usr/bin/env bash
+# NVIDIA AIPerf $AIPERF_VERSION from its own venv (see tools/setup.sh); nothing of .venv leaks in.
+unset PYTHONPATH PYTHONHOME
+exec "$AIPERF_VENV/bin/aiperf" "\$@"
+WRAPPER
+chmod 755 "$VENV/bin/aiperf"
 
 "$VENV/bin/python" "$ROOT/tools/assemble_backends.py"
 echo "$want_stamp" > "$STAMP"
