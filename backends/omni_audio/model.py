@@ -18,12 +18,24 @@ from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
 from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import AUDIO, AUDIO_CONTRACT
-from omni_serve.tritonio import Metrics, apply_stage_env, make_response, read_inputs, stage_config
+from omni_serve.tritonio import (
+    Metrics,
+    apply_stage_env,
+    auto_complete,
+    make_response,
+    read_inputs,
+    stage_config,
+)
 
 log = logging.getLogger("omni_audio")
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
+        return auto_complete(auto_complete_model_config, AUDIO_CONTRACT)
+
     def initialize(self, args):
         apply_stage_env(args)
         stubs.register(args)  # the orchestrator learns from it when this stub dies

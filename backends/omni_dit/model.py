@@ -17,12 +17,17 @@ from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import parse_request
 from omni_serve.dit.runner import DitRunner, encode_png
-from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config
+from omni_serve.tritonio import Metrics, apply_stage_env, auto_complete, pb, read_inputs, stage_config
 
 log = logging.getLogger("omni_dit")
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
+        return auto_complete(auto_complete_model_config, DIT_CONTRACT)
+
     def initialize(self, args):
         apply_stage_env(args)
         stubs.register(args)  # the orchestrator learns from it when this stub dies

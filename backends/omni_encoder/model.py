@@ -19,7 +19,7 @@ from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
-from omni_serve.tritonio import Metrics, apply_stage_env, pb, read_inputs, stage_config
+from omni_serve.tritonio import Metrics, apply_stage_env, auto_complete, pb, read_inputs, stage_config
 
 log = logging.getLogger("omni_encoder")
 
@@ -33,6 +33,11 @@ def _media(request) -> bytes:
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
+        return auto_complete(auto_complete_model_config, ENCODER_CONTRACT)
+
     def initialize(self, args):
         apply_stage_env(args)
         stubs.register(args)  # the orchestrator learns from it when this stub dies

@@ -25,6 +25,7 @@ from omni_serve.tritonio import (
     Outbox,
     ResponseSender,
     apply_stage_env,
+    auto_complete,
     exit_with_parent,
     make_response,
     pb,
@@ -114,6 +115,11 @@ def _abort_ack(found: bool):
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
+        return auto_complete(auto_complete_model_config, LLM_CONTRACT)
+
     def initialize(self, args):
         apply_stage_env(args)
         stubs.register(args)  # the orchestrator learns from it when this stub dies

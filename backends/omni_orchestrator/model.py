@@ -39,6 +39,7 @@ from omni_serve.tritonio import (
     Outbox,
     ResponseSender,
     apply_stage_env,
+    auto_complete,
     make_response,
     pb,
     read_inputs,
@@ -123,6 +124,11 @@ def _tokenizer(path: str | None):
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
+        return auto_complete(auto_complete_model_config, OMNI_CONTRACT)
+
     def initialize(self, args):
         apply_stage_env(args)
         self.model_name = args["model_name"]

@@ -36,12 +36,24 @@ class TensorSpec:
     def np_dtype(self) -> type:
         return np.dtype(triton_to_np_dtype(self.wire_dtype)).type
 
+    def config_entry(self, *, is_input: bool) -> dict:
+        """This tensor as a config.pbtxt `input`/`output` entry (model_config JSON form)."""
+        entry: dict = {"name": self.name, "data_type": self.data_type, "dims": list(self.dims)}
+        if is_input and self.optional:
+            entry["optional"] = True
+        if is_input and self.ragged:
+            entry["allow_ragged_batch"] = True
+        return entry
+
     @property
     def wire_dtype(self) -> str:
         return "BYTES" if self.data_type == "TYPE_STRING" else self.data_type.removeprefix("TYPE_")
 
 
 Batching = Literal["engine", "triton"]
+# What a Triton-batched stage gets where its spec (or a bare config.pbtxt) says nothing.
+DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_QUEUE_DELAY_US = 2000
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,41 @@ def stage_config(args: dict, config_class: type):
         return config_class.model_validate(json.load(f))
 
 
+def auto_complete(config, contract: StageContract):
+    """Triton's auto_complete_config for a stage: what config.pbtxt leaves out comes from
+    the contract, so a bare `backend: "omni_llm"` config loads (as vllm_backend's does).
+
+    Adds the contract's inputs and outputs that the config does not name (named ones
+    are kept as written), the decoupled transaction policy of a decoupled stage, and
+    for a Triton-batched stage with no (or a 0) max_batch_size the default one with
+    dynamic batching (its dims exclude the batch dimension); an engine-batched stage
+    (vLLM) gets max_batch_size 0.
+    """
+    from omni_serve.contract import DEFAULT_MAX_BATCH_SIZE  # noqa: PLC0415
+
+    current = config.as_dict()
+    named_in = {t["name"] for t in current.get("input", [])}
+    named_out = {t["name"] for t in current.get("output", [])}
+    for spec in contract.inputs:
+        if spec.name not in named_in:
+            entry = spec.config_entry(is_input=True)
+            # the Python backend's auto-complete cannot set it: unequal lengths then
+            # batch apart (write the input in config.pbtxt to batch them together)
+            entry.pop("allow_ragged_batch", None)
+            config.add_input(entry)
+    for spec in contract.outputs:
+        if spec.name not in named_out:
+            config.add_output(spec.config_entry(is_input=False))
+    if contract.decoupled:
+        config.set_model_transaction_policy({"decoupled": True})
+    if contract.batching == "engine":
+        config.set_max_batch_size(0)
+    elif not current.get("max_batch_size"):
+        config.set_max_batch_size(DEFAULT_MAX_BATCH_SIZE)
+        config.set_dynamic_batching()
+    return config
+
+
 def read_inputs(request, contract: StageContract) -> dict[str, np.ndarray | None]:
     """Every contract input of `request` as numpy (None when not sent)."""
     pb_utils = pb()

@@ -6,6 +6,7 @@ the `llm` stage SIGKILLed while the server runs, as an OOM kill would.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
@@ -14,6 +15,8 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from omni_serve.contract import ENGINE_ARGS_FILE, LLM_CONTRACT
 
 from .omni_io import error_code
 from .servers import gen_repo, outliving, serving
@@ -27,11 +30,35 @@ MODEL = "llm"
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine-health")
     repo = gen_repo(["--preset", "text-chat"], root / "repo")
-    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as s:
+    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=llm"]) as s:
         yield s
 
 
-def _generate(url: str, text: str = "hello") -> str:
+def test_a_bare_config_loads_completed_from_the_contract(server):
+    """config.pbtxt with only `backend: "omni_llm"` (as vllm_backend allows): inputs,
+    outputs, decoupled policy and max_batch_size come from auto_complete_config."""
+    bare = server.repository / "bare_llm"
+    (bare / "1").mkdir(parents=True)
+    (bare / "config.pbtxt").write_text('backend: "omni_llm"\n')
+    shutil.copy(server.repository / MODEL / ENGINE_ARGS_FILE, bare / ENGINE_ARGS_FILE)
+    before = {p.pid for p in _engine_cores(server)}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.load_model("bare_llm")
+        own = [p for p in _engine_cores(server) if p.pid not in before]
+        try:
+            config = client.get_model_config("bare_llm", as_json=True)["config"]
+            assert config["model_transaction_policy"]["decoupled"] is True
+            assert {t["name"] for t in config["input"]} == {t.name for t in LLM_CONTRACT.inputs}
+            assert int(config.get("max_batch_size", 0)) == 0
+            # the same checkpoint and engine arguments: the same greedy text as `llm`
+            assert _generate(server.grpc_url, "tell me", model="bare_llm") == _generate(
+                server.grpc_url, "tell me")
+        finally:
+            client.unload_model("bare_llm")
+    assert own and not outliving(own, timeout_s=60), "the unloaded model's engine lives on"
+
+
+def _generate(url: str, text: str = "hello", model: str = MODEL) -> str:
     """One non-streamed request to `llm` over a decoupled stream; its text or the error."""
     results: list = []
     client = grpcclient.InferenceServerClient(url)
@@ -41,7 +68,7 @@ def _generate(url: str, text: str = "hello") -> str:
         prompt.set_data_from_numpy(np.array([text.encode()], dtype=object))
         params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
         params.set_data_from_numpy(np.array([b'{"max_tokens": 4, "temperature": 0}'], dtype=object))
-        client.async_stream_infer(MODEL, [prompt, params])
+        client.async_stream_infer(model, [prompt, params])
         deadline = time.monotonic() + 60
         while not results and time.monotonic() < deadline:
             time.sleep(0.01)
