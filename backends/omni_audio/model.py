@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from omni_serve import stubs
+from omni_serve.adapter import StageModel
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
@@ -20,8 +20,6 @@ from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import AUDIO, AUDIO_CONTRACT
 from omni_serve.tritonio import (
     Metrics,
-    apply_stage_env,
-    auto_complete,
     make_response,
     read_inputs,
     stage_config,
@@ -30,16 +28,11 @@ from omni_serve.tritonio import (
 log = logging.getLogger("omni_audio")
 
 
-class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(auto_complete_model_config):
-        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
-        return auto_complete(auto_complete_model_config, AUDIO_CONTRACT)
+class TritonPythonModel(StageModel):
+    CONTRACT = AUDIO_CONTRACT
 
     def initialize(self, args):
-        apply_stage_env(args)
-        stubs.register(args)  # the orchestrator learns from it when this stub dies
-        self.model_name = args["model_name"]
+        self.set_up(args)
         self.cfg = stage_config(args, AudioStageConfig)
         self.runner = AudioRunner(self.cfg)
         self._rate = np.array([[self.runner.sample_rate]], dtype=np.int32)
@@ -50,7 +43,6 @@ class TritonPythonModel:
             "Seconds spent in Token2Wav calls (real-time factor = compute / generated)",
             parse=lambda r: parse_request(read_inputs(r, AUDIO_CONTRACT), self.runner.limits),
             run=lambda items: self.runner.run(items), respond=self._response)
-
 
     def execute(self, requests):
         return self._execute(requests)

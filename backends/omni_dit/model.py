@@ -11,27 +11,27 @@ import logging
 
 import numpy as np
 
-from omni_serve import stubs
+from omni_serve.adapter import StageModel
 from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import parse_request
 from omni_serve.dit.runner import DitRunner, encode_png
-from omni_serve.tritonio import Metrics, apply_stage_env, auto_complete, pb, read_inputs, stage_config
+from omni_serve.tritonio import (
+    Metrics,
+    pb,
+    read_inputs,
+    stage_config,
+)
 
 log = logging.getLogger("omni_dit")
 
 
-class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(auto_complete_model_config):
-        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
-        return auto_complete(auto_complete_model_config, DIT_CONTRACT)
+class TritonPythonModel(StageModel):
+    CONTRACT = DIT_CONTRACT
 
     def initialize(self, args):
-        apply_stage_env(args)
-        stubs.register(args)  # the orchestrator learns from it when this stub dies
-        self.model_name = args["model_name"]
+        self.set_up(args)
         self.cfg = stage_config(args, DitStageConfig)
         self.runner = DitRunner(self.cfg)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
@@ -48,7 +48,6 @@ class TritonPythonModel:
                                      "Forwards that reused the cached residual (hit rate = "
                                      "hits / lookups)")
         self._cache_seen = dict(self.runner.cache_stats)
-
 
     def execute(self, requests):
         return self._execute(requests)

@@ -13,13 +13,18 @@ import logging
 
 import numpy as np
 
-from omni_serve import stubs
+from omni_serve.adapter import StageModel
 from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
-from omni_serve.tritonio import Metrics, apply_stage_env, auto_complete, pb, read_inputs, stage_config
+from omni_serve.tritonio import (
+    Metrics,
+    pb,
+    read_inputs,
+    stage_config,
+)
 
 log = logging.getLogger("omni_encoder")
 
@@ -32,16 +37,11 @@ def _media(request) -> bytes:
     return item.encode() if isinstance(item, str) else bytes(item)
 
 
-class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(auto_complete_model_config):
-        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
-        return auto_complete(auto_complete_model_config, ENCODER_CONTRACT)
+class TritonPythonModel(StageModel):
+    CONTRACT = ENCODER_CONTRACT
 
     def initialize(self, args):
-        apply_stage_env(args)
-        stubs.register(args)  # the orchestrator learns from it when this stub dies
-        self.model_name = args["model_name"]
+        self.set_up(args)
         self.cfg = stage_config(args, EncoderStageConfig)
         self.runner = EncoderRunner(self.cfg)
         labels = {"model": self.model_name, "modality": self.cfg.modality}
@@ -51,7 +51,6 @@ class TritonPythonModel:
         self._execute = BatchedExecute(
             m, "omni_encoder", "Seconds spent decoding, preprocessing and encoding",
             parse=_media, run=lambda items: self.runner.run(items), respond=self._response)
-
 
     def execute(self, requests):
         return self._execute(requests)

@@ -14,12 +14,12 @@ import asyncio
 import itertools
 import json
 import logging
-import os
 import secrets
 import threading
 
 import numpy as np
 
+from omni_serve.adapter import StageModel
 from omni_serve.contract import OMNI, OMNI_CONTRACT
 from omni_serve.orchestrator.bls_client import BlsStageClient
 from omni_serve.orchestrator.config import OrchestratorConfig
@@ -37,11 +37,7 @@ from omni_serve.orchestrator.stage_clients import stage_client
 from omni_serve.tritonio import (
     Metrics,
     Outbox,
-    ResponseSender,
-    apply_stage_env,
-    auto_complete,
     make_response,
-    pb,
     read_inputs,
     stage_config,
 )
@@ -117,26 +113,18 @@ def _tokenizer(path: str | None):
     """text -> the thinker's token ids (task "speech"), or None without a tokenizer folder."""
     if not path:
         return None
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     return lambda text: tokenizer.encode(text, add_special_tokens=False)
 
 
-class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(auto_complete_model_config):
-        """What config.pbtxt leaves out comes from the contract (a bare config loads)."""
-        return auto_complete(auto_complete_model_config, OMNI_CONTRACT)
+class TritonPythonModel(StageModel):
+    CONTRACT = OMNI_CONTRACT
+    WATCHED = False  # the orchestrator calls stages; nothing calls it
 
     def initialize(self, args):
-        apply_stage_env(args)
-        self.model_name = args["model_name"]
-        config = json.loads(args["model_config"])
-        if not pb().using_decoupled_model_transaction_policy(config):
-            raise pb().TritonModelException(
-                f"{self.model_name}: omni_orchestrator needs model_transaction_policy "
-                "{ decoupled: true }")
+        self.set_up(args)
         self.cfg = stage_config(args, OrchestratorConfig)
         self._ids = itertools.count()
         # Child request ids name the request a stage is asked to abort in-band: unique
@@ -151,8 +139,6 @@ class TritonPythonModel:
                                        watch_stubs=not self.cfg.triton_url)
             log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client, tokenize=_tokenizer(self.cfg.tokenizer))
-        self.sender = ResponseSender(
-            self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever,
                                         name=f"{self.model_name}-loop", daemon=True)

@@ -35,7 +35,7 @@ async def strict_errors_safe(client: grpcaio.InferenceServerClient,
                              timeout_s: float = 5.0) -> bool | None:
     """Whether `client`'s server survives the strict-errors header (its version, asked);
     None when it cannot say now (ask again later)."""
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+    from tritonclient.utils import InferenceServerException
 
     try:
         async with asyncio.timeout(timeout_s):

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def pb():
-    import triton_python_backend_utils as pb_utils  # noqa: PLC0415
+    import triton_python_backend_utils as pb_utils
 
     return pb_utils
 
@@ -84,7 +84,7 @@ def instance_device_env(args: dict) -> dict[str, str]:
 
 def stage_config(args: dict, config_class: type):
     """The stage's engine.json (next to config.pbtxt), validated by its typed config class."""
-    from omni_serve.contract import ENGINE_ARGS_FILE  # noqa: PLC0415
+    from omni_serve.contract import ENGINE_ARGS_FILE
 
     with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
         return config_class.model_validate(json.load(f))
@@ -100,7 +100,7 @@ def auto_complete(config, contract: StageContract):
     dynamic batching (its dims exclude the batch dimension); an engine-batched stage
     (vLLM) gets max_batch_size 0.
     """
-    from omni_serve.contract import DEFAULT_MAX_BATCH_SIZE  # noqa: PLC0415
+    from omni_serve.contract import DEFAULT_MAX_BATCH_SIZE
 
     current = config.as_dict()
     named_in = {t["name"] for t in current.get("input", [])}
@@ -322,7 +322,7 @@ def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> th
     The stub is re-parented then; without this it and its vLLM engine
     processes would outlive the server and keep their memory and cores.
     """
-    import os  # noqa: PLC0415
+    import os
 
     parent = os.getppid()
 

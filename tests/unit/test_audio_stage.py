@@ -447,7 +447,7 @@ def _fake_pb_utils() -> types.ModuleType:
         def __init__(self, name, description, kind):
             self.name = name
 
-        def Metric(self, labels, buckets=None):  # noqa: N802 (Triton's name)
+        def Metric(self, labels, buckets=None):  # Triton's name
             return _Metric(labels, buckets)
 
     class InferenceResponse:

@@ -157,8 +157,8 @@ def test_both_clients_have_the_same_calls_with_the_same_arguments_and_defaults()
 
 
 def test_the_stream_and_image_options_are_what_the_requests_take():
-    from omni_client import _calls, _pipeline_io  # noqa: PLC0415
-    from omni_client._base import ImageOptions, StreamOptions  # noqa: PLC0415
+    from omni_client import _calls, _pipeline_io
+    from omni_client._base import ImageOptions, StreamOptions
 
     def keywords(fn) -> set[str]:
         return {p.name for p in inspect.signature(fn).parameters.values()

@@ -447,7 +447,7 @@ class _Family:
     def __init__(self, name: str, description: str, kind: str):
         self.name = name
 
-    def Metric(self, **kwargs) -> _Metric:  # noqa: N802 (pb_utils spelling)
+    def Metric(self, **kwargs) -> _Metric:  # pb_utils spelling
         return _Metric(**kwargs)
 
 

@@ -167,7 +167,7 @@ class FakeServer:
         self.infers.append(inputs)
         return None
 
-    def ModelStreamInfer(self, requests, metadata=None):  # noqa: N802
+    def ModelStreamInfer(self, requests, metadata=None):
         self.stream_metadata.append(metadata)
         return self.stream(requests)
 

@@ -119,7 +119,7 @@ class _StepCapture:
         wanted = self._wanted(scheduler_output)
         if not wanted:
             return
-        import torch  # noqa: PLC0415
+        import torch
 
         input_ids, embeds, hidden = self.last
         if isinstance(hidden, tuple):  # (hidden, aux hidden states) with EAGLE-3

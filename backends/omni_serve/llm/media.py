@@ -44,7 +44,7 @@ class MediaShapes:
 def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
                      stage: str) -> dict[str, Any]:
     """vLLM's `multi_modal_data` for `prompt`; RequestError on anything that does not fit."""
-    import torch  # noqa: PLC0415
+    import torch
 
     if shapes is None:
         field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES

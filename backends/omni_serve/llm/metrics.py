@@ -32,13 +32,8 @@ class StageMetrics(Protocol):
     def in_flight(self, requests: int) -> None: ...
 
 
-class NullMetrics:
-    def time_to_first_token(self, seconds: float) -> None: ...
-    def time_per_output_token(self, seconds: float) -> None: ...
-    def tokens(self, prompt: int, generated: int) -> None: ...
-    def scheduler(self, running: int, waiting: int) -> None: ...
-    def prefix_cache(self, queries: int, hits: int) -> None: ...
-    def in_flight(self, requests: int) -> None: ...
+class NullMetrics(StageMetrics):
+    """Reports nothing (the protocol's methods do nothing)."""
 
 
 NULL_METRICS = NullMetrics()
@@ -53,7 +48,7 @@ def stat_logger_factory(metrics: Callable[[], StageMetrics]) -> Callable:
     preempted requests coming back are left out, as there). `metrics()` is
     asked each step (the stage's own metrics are muted while it warms up).
     """
-    from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+    from vllm.v1.metrics.loggers import StatLoggerBase
 
     class _SchedulerStats(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):

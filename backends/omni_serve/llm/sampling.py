@@ -44,9 +44,9 @@ _NOT_SETTABLE = {
 @functools.cache
 def _field_adapters() -> dict[str, Any]:
     """Field name -> pydantic TypeAdapter for every settable SamplingParams field."""
-    import msgspec  # noqa: PLC0415
-    from pydantic import TypeAdapter  # noqa: PLC0415
-    from vllm import SamplingParams  # noqa: PLC0415
+    import msgspec
+    from pydantic import TypeAdapter
+    from vllm import SamplingParams
 
     hints = typing.get_type_hints(SamplingParams)
     adapters = {}
@@ -90,7 +90,7 @@ def parse_json(text: str | bytes | None) -> dict[str, Any]:
 
 def coerce(raw: dict[str, Any], *, source: str = FIELD) -> dict[str, Any]:
     """Coerce each value to its SamplingParams type; reject unknown fields."""
-    import pydantic  # noqa: PLC0415
+    import pydantic
 
     adapters = _field_adapters()
     out: dict[str, Any] = {}
@@ -124,7 +124,7 @@ def _check_ints(where: str, value: Any) -> None:
 
 
 def _unknown_field_message(key: str) -> str:
-    import difflib  # noqa: PLC0415
+    import difflib
 
     fields = settable_fields()
     close = difflib.get_close_matches(key, fields, n=3)
@@ -134,9 +134,9 @@ def _unknown_field_message(key: str) -> str:
 
 def build(fields: dict[str, Any], *, stream: bool, default_max_tokens: int | None = None):
     """Build vLLM SamplingParams; vLLM's own range checks become RequestErrors."""
-    from vllm import SamplingParams  # noqa: PLC0415
-    from vllm.exceptions import VLLMClientError  # noqa: PLC0415
-    from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMClientError
+    from vllm.sampling_params import RequestOutputKind
 
     fields = dict(fields)
     if fields.get("n", 1) != 1:

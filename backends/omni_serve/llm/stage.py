@@ -99,8 +99,8 @@ class LLMStage:
             asyncio.run_coroutine_threadsafe(self._warm_up(), self._loop).result()
 
     async def _start_engine(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
-        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         engine_args = dict(self.engine_args)
         own_extension = engine_args.setdefault("worker_extension_cls", hidden_states.EXTENSION)
@@ -239,7 +239,7 @@ class LLMStage:
             self.metrics.in_flight(len(self._live))
 
     async def _render_prompt(self, prompt: dict):
-        from vllm.renderers.inputs.preprocess import parse_model_prompt  # noqa: PLC0415
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
 
         parsed = parse_model_prompt(self.engine.model_config, prompt)
         (engine_input,) = await self.engine.renderer.render_cmpl_async([parsed])
@@ -285,8 +285,8 @@ class LLMStage:
         return self.dead
 
     async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
-        from vllm.exceptions import VLLMClientError  # noqa: PLC0415
-        from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         capture = None
         try:

@@ -53,7 +53,7 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
     talker's `embedding_size` (the width of what the talker reads), and its
     vocabulary is set to the talker's codec vocabulary here.
     """
-    import json as _json  # noqa: PLC0415
+    import json as _json
 
     overrides = dict(args.get("hf_overrides") or {})
     overrides["architectures"] = [ARCHITECTURE]
@@ -95,8 +95,8 @@ def _weights_file(folder: Path, name: str) -> Path:
 
 def _rows(folder: Path, name: str, ids: list[int]):
     """Rows `ids` of the checkpoint tensor `name`, as float32 (reads only those rows)."""
-    import torch  # noqa: PLC0415
-    from safetensors import safe_open  # noqa: PLC0415
+    import torch
+    from safetensors import safe_open
 
     with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
         part = f.get_slice(name)
@@ -107,7 +107,7 @@ class _RopeIndex:
     """transformers' own Qwen2.5-Omni `get_rope_index`, bound to the talker config."""
 
     def __init__(self, config):
-        from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m  # noqa: PLC0415
+        from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m
 
         base = m.Qwen2_5OmniPreTrainedModelForConditionalGeneration
         self.config = config
@@ -116,7 +116,7 @@ class _RopeIndex:
         self.get_llm_pos_ids_for_vision = base.get_llm_pos_ids_for_vision.__get__(self)
 
     def __call__(self, ids: list[int], grid: np.ndarray | None, audio: np.ndarray | None):
-        import torch  # noqa: PLC0415
+        import torch
 
         input_ids = torch.tensor([ids])
         pos, delta = self._index(
@@ -130,8 +130,8 @@ class TalkerPrompter:
     """Builds talker prompts from the thinker's rows; one per talker stage."""
 
     def __init__(self, folder: str | Path, stage: str = "talker"):
-        import torch  # noqa: PLC0415
-        from transformers import AutoConfig  # noqa: PLC0415
+        import torch
+        from transformers import AutoConfig
 
         self.folder = Path(folder)
         self.stage = stage
@@ -178,7 +178,7 @@ class TalkerPrompter:
 
     async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
         """(vLLM EmbedsPrompt, the engine feed for SamplingParams.extra_args)."""
-        import torch  # noqa: PLC0415
+        import torch
 
         speaker = self.speaker(req.speaker)
         if not talker_engine.valid_source(req.source):

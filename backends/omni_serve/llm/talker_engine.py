@@ -71,7 +71,7 @@ def vector_ready(feed: dict, position: int) -> bool:
 # --- the scheduler (engine-core process) -------------------------------------------------
 
 def _scheduler_base():
-    from vllm.v1.core.sched.scheduler import Scheduler  # noqa: PLC0415
+    from vllm.v1.core.sched.scheduler import Scheduler
 
     return Scheduler
 
@@ -164,7 +164,7 @@ class _StepFeed:
         return out
 
     def prepare(self, kwargs: dict) -> None:
-        import torch  # noqa: PLC0415
+        import torch
 
         spans = self._spans()
         if not spans:

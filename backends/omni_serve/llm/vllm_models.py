@@ -16,7 +16,7 @@ MODELS = {
 
 
 def register() -> None:
-    from vllm import ModelRegistry  # noqa: PLC0415
+    from vllm import ModelRegistry
 
     for arch, path in MODELS.items():
         ModelRegistry.register_model(arch, path)

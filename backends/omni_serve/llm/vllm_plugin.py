@@ -96,14 +96,14 @@ def make_pause(us: float, max_us: float | None = None):
 
 def register() -> None:
     """Entry point (vllm.general_plugins): install the pause where vLLM looks it up."""
-    from vllm.platforms import current_platform  # noqa: PLC0415
+    from vllm.platforms import current_platform
 
     is_cpu = current_platform.is_cpu()
     us = spin_sleep_us(is_cpu)
     if us <= 0:
         return
-    import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast  # noqa: PLC0415
-    import vllm.distributed.utils as dist_utils  # noqa: PLC0415
+    import vllm.distributed.device_communicators.shm_broadcast as shm_broadcast
+    import vllm.distributed.utils as dist_utils
 
     pause = make_pause(us, spin_sleep_max_us(is_cpu))
     # shm_broadcast imported the function by name, so both module globals are set

@@ -79,7 +79,7 @@ async def run(engine: Any, max_model_len: int, vocab_size: int,
     user request then meets a warm engine with an empty cache, as after a plain
     start. Returns what was done, for the log.
     """
-    from vllm import SamplingParams  # noqa: PLC0415
+    from vllm import SamplingParams
 
     async def one(ids: list[int], req: WarmupRequest, request_id: str) -> None:
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,

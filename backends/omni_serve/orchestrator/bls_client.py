@@ -47,7 +47,7 @@ class BlsStageClient:
     """
 
     def __init__(self, max_threads: int = 256):
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+        from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="bls")
 
@@ -75,7 +75,7 @@ class BlsStageClient:
         (keeping views crashed the stub under load). Runs on the thread that
         received the response; only plain arrays cross to the event loop.
         """
-        from omni_serve.orchestrator.pipeline import StageCallError  # noqa: PLC0415
+        from omni_serve.orchestrator.pipeline import StageCallError
 
         if response.has_error():
             error = response.error()
@@ -89,7 +89,7 @@ class BlsStageClient:
         return out
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], outputs) -> dict[str, np.ndarray]:
-        import asyncio  # noqa: PLC0415
+        import asyncio
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
@@ -97,9 +97,9 @@ class BlsStageClient:
 
     async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs, *,
                      request_id: str, timeout_s: float, unread=None):
-        import asyncio  # noqa: PLC0415
+        import asyncio
 
-        from omni_serve.orchestrator.pipeline import StageCallError  # noqa: PLC0415
+        from omni_serve.orchestrator.pipeline import StageCallError
 
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
@@ -112,7 +112,7 @@ class BlsStageClient:
                         put(("outputs", self._outputs(response, outputs)))
                     except StageCallError as e:
                         put(("error", e))
-            except Exception as e:  # noqa: BLE001 - reported to the consumer
+            except Exception as e:  # reported to the consumer
                 put(("exception", e))
             finally:
                 put(("end", None))
@@ -146,14 +146,14 @@ class BlsStageClient:
                             unread(item)
 
     def _abort(self, model: str, request_id: str) -> None:
-        from omni_serve.contract import LLM  # noqa: PLC0415
+        from omni_serve.contract import LLM
 
         try:
             request = self._request(model, {}, [LLM.FINISH_REASON],
                                     parameters={LLM.ABORT_PARAMETER: request_id})
             for _ in request.exec(decoupled=True):
                 pass
-        except Exception:  # noqa: BLE001 - the stage may be gone; nothing left to stop
+        except Exception:  # the stage may be gone; nothing left to stop
             log.warning("could not abort %s on %s", request_id, model, exc_info=True)
 
     def close(self) -> None:

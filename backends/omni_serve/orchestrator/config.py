@@ -148,7 +148,7 @@ class RemoteStage(BaseModel):
 
     def shared_memory_mode(self) -> SharedMemory:
         """`shared_memory`, or OMNI_SERVER_<SERVER>_SHM when set."""
-        import os  # noqa: PLC0415
+        import os
 
         env = f"{self.env_prefix}_SHM"
         value = (os.environ.get(env) or self.shared_memory).strip().lower()
@@ -264,7 +264,7 @@ class OrchestratorConfig(BaseModel):
 
     def remote_url(self, model: str) -> str | None:
         """Where `model` is served when it is not on this server (env override first)."""
-        import os  # noqa: PLC0415
+        import os
 
         stage = self.remote.get(model)
         if stage is None:

@@ -64,7 +64,7 @@ STUB_POLL_S = 0.25
 
 def _channel_args() -> list[tuple[str, int]]:
     """tritonclient's own channel arguments, with a reconnect back-off capped."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     keepalive = grpcclient.KeepAliveOptions()
     return [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
@@ -105,14 +105,14 @@ class GrpcStageClient:
 
     def _connect(self):
         if self._client is None:
-            import tritonclient.grpc.aio as grpcaio  # noqa: PLC0415
+            import tritonclient.grpc.aio as grpcaio
 
             self._client = grpcaio.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
     async def _strict_errors(self) -> bool:
         if self._strict is None:
-            from omni_serve.grpc_stream import strict_errors_safe  # noqa: PLC0415
+            from omni_serve.grpc_stream import strict_errors_safe
 
             self._strict = await strict_errors_safe(self._connect())
         return bool(self._strict)
@@ -120,7 +120,7 @@ class GrpcStageClient:
     @staticmethod
     def _inputs(inputs: dict[str, np.ndarray], region: str | None = None,
                 offsets: dict[str, int] | None = None):
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
 
         out = []
         for name, arr in inputs.items():
@@ -141,8 +141,8 @@ class GrpcStageClient:
         offsets, size = shm_layout(inputs, self.shm_min_bytes)
         if not offsets:
             return self._inputs(inputs), None
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
-        from tritonclient.utils.shared_memory import SharedMemoryException  # noqa: PLC0415
+        from tritonclient.utils import InferenceServerException
+        from tritonclient.utils.shared_memory import SharedMemoryException
 
         try:
             region = await self.shm.place(self._connect(), inputs, offsets, size)
@@ -179,8 +179,8 @@ class GrpcStageClient:
         stage's queue is dropped there (Triton's dynamic batcher, or the adapter's
         `parse_each` when its batch was forming) and never computed. Its shared memory
         is released when the call ends."""
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
 
         self._check_stubs(model)
         infer_inputs, region = await self._place(inputs)
@@ -257,9 +257,9 @@ class GrpcStageClient:
     async def _read(self, model: str, infer_inputs, outputs: Sequence[str], request_id: str,
                     timeout_s: float, responses: asyncio.Queue) -> None:
         """Put ("result", r) for every response, then ("end", None) or ("error", exc)."""
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
 
-        from omni_serve.grpc_stream import stream_request  # noqa: PLC0415
+        from omni_serve.grpc_stream import stream_request
 
         try:
             strict = await self._strict_errors()
@@ -269,12 +269,12 @@ class GrpcStageClient:
                     request_id=request_id, timeout_s=timeout_s, strict=strict):
                 responses.put_nowait(("result", result))
             responses.put_nowait(("end", None))
-        except Exception as e:  # noqa: BLE001 - handed to the consumer
+        except Exception as e:  # handed to the consumer
             responses.put_nowait(("error", e))
 
     async def _stream_error(self, model: str, e: Exception, answered: bool,
                             timeout_s: float) -> StageCallError:
-        from omni_serve.grpc_stream import StreamError  # noqa: PLC0415
+        from omni_serve.grpc_stream import StreamError
 
         if isinstance(e, TimeoutError):
             return StageCallError("UNAVAILABLE", f"no response for {timeout_s:g} s")
@@ -297,8 +297,8 @@ class GrpcStageClient:
         task.add_done_callback(lambda t: (self._stopping.discard(t), self._release(region)))
 
     async def _abort_and_drain(self, model: str, request_id: str, reader: asyncio.Future) -> None:
-        from omni_serve.contract import LLM  # noqa: PLC0415
-        from omni_serve.grpc_stream import StreamError, stream_request  # noqa: PLC0415
+        from omni_serve.contract import LLM
+        from omni_serve.grpc_stream import StreamError, stream_request
 
         if reader.done():
             return
@@ -351,7 +351,7 @@ class GrpcStageClient:
     async def _take_down(self, model: str) -> None:
         """Unload `model` where model control allows it, so its readiness tells the truth;
         forget it once it is back (its new stubs registered)."""
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+        from tritonclient.utils import InferenceServerException
 
         try:
             await self._connect().unload_model(model)
@@ -367,7 +367,7 @@ class GrpcStageClient:
 
     async def _model_ready(self, model: str) -> bool:
         """Whether the server has `model` ready (False also when it cannot say)."""
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+        from tritonclient.utils import InferenceServerException
 
         try:
             async with asyncio.timeout(5):

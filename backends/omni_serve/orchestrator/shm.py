@@ -53,7 +53,7 @@ class ShmRegions:
     async def place(self, client, inputs: dict[str, np.ndarray],
                     offsets: dict[str, int], size: int) -> str:
         """Copy `inputs[offsets]` into a new region registered with `client`'s server."""
-        import tritonclient.utils.shared_memory as shm  # noqa: PLC0415
+        import tritonclient.utils.shared_memory as shm
 
         name = f"{self.prefix}_{next(self._n)}"
         handle = shm.create_shared_memory_region(name, f"/{name}", size, create_only=True)
@@ -77,7 +77,7 @@ class ShmRegions:
         task.add_done_callback(self._releases.discard)
 
     async def _unregister(self, client, name: str) -> None:
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+        from tritonclient.utils import InferenceServerException
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.retry_s
