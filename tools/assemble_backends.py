@@ -23,13 +23,13 @@ BACKEND_DIR = TRITON_DIR / "backends"
 
 
 def _pytriton_root() -> Path:
-    import pytriton  # noqa: PLC0415
+    import pytriton
 
     return Path(pytriton.__file__).parent / "tritonserver"
 
 
 def _libs_dir() -> Path:
-    import pytriton  # noqa: PLC0415
+    import pytriton
 
     return Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs"
 

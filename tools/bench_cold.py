@@ -35,8 +35,8 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from omni_client import AsyncOmniClient, AudioChunk, TextDelta  # noqa: E402
-from omni_tools.server import TritonServer, metric_sample  # noqa: E402
+from omni_client import AsyncOmniClient, AudioChunk, TextDelta
+from omni_tools.server import TritonServer, metric_sample
 
 ENGINES = ("llm", "talker")
 # Beside the server while a wave runs: sleeps 10 ms in a loop, prints its longest gap (s).

@@ -25,9 +25,9 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from omni_serve.contract import LLM  # noqa: E402
+from omni_serve.contract import LLM
 
 ENGINE_ARGS = {"max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 64,
                "dtype": "float32"}

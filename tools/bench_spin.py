@@ -36,10 +36,10 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level  # noqa: E402
+from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level
 
-from omni_client._llm_io import build_inputs  # noqa: E402
-from omni_serve.llm.vllm_plugin import ENV, MAX_ENV  # noqa: E402
+from omni_client._llm_io import build_inputs
+from omni_serve.llm.vllm_plugin import ENV, MAX_ENV
 
 # vLLM's own spin; the plugin's default (50 us doubling to 1 ms); a fixed 50 us (the earlier default)
 SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep50": {MAX_ENV: "50"}}

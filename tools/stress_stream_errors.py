@@ -68,7 +68,7 @@ def _streams(url: str, n: int, strict: bool) -> int:
 
 def _sdk_streams(url: str, n: int) -> int:
     """The same through OmniClient's defaults; every error must still be a bad request."""
-    from omni_client import BadRequestError, OmniClient  # noqa: PLC0415
+    from omni_client import BadRequestError, OmniClient
 
     with OmniClient(url, timeout=30, model="llm") as client:
         for i in range(n):

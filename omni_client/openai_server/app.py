@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds to wait for each Triton response (default: %(default)s)")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    import uvicorn  # noqa: PLC0415
+    import uvicorn
 
     uvicorn.run(create_app(args.triton_url, timeout_s=args.timeout), host=args.host,
                 port=args.port, log_level=args.log_level)

@@ -29,7 +29,7 @@ def tensor_names(folder: Path) -> set[str]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         return set(json.loads(index.read_text())["weight_map"])
-    from safetensors import safe_open  # noqa: PLC0415
+    from safetensors import safe_open
 
     names: set[str] = set()
     for path in sorted(folder.glob("*.safetensors")):
@@ -118,7 +118,7 @@ def speakers(folder: Path) -> list[str] | None:
     """
     path = folder / SPEAKER_DICT
     if path.is_file():
-        import torch  # noqa: PLC0415
+        import torch
 
         try:
             voices = torch.load(path, map_location="cpu", weights_only=True)

@@ -39,7 +39,6 @@ from omni_serve.contract import (
     ENTRY_PARAMETER,
     ENV_PARAMETER_PREFIX,
     MAX_QUEUED_ARG,
-    TensorSpec,
 )
 
 from . import checkpoint
@@ -91,15 +90,6 @@ class StagePlan:
 
 # --- config.pbtxt --------------------------------------------------------------
 
-def _tensor(tensor: TensorSpec, *, is_input: bool) -> dict:
-    entry = {"name": tensor.name, "data_type": tensor.data_type, "dims": list(tensor.dims)}
-    if is_input and tensor.optional:
-        entry["optional"] = True
-    if is_input and tensor.ragged:
-        entry["allow_ragged_batch"] = True
-    return entry
-
-
 def _instance_group(instances: InstancesSpec) -> dict:
     group: dict = {"count": instances.count, "kind": instances.kind}
     if instances.gpus:
@@ -114,8 +104,8 @@ def build_model_config(stage_name: str, stage: StageSpec) -> model_config_pb2.Mo
         "name": stage_name,
         "backend": contract.backend,
         "max_batch_size": stage.effective_max_batch_size,
-        "input": [_tensor(t, is_input=True) for t in contract.inputs],
-        "output": [_tensor(t, is_input=False) for t in contract.outputs],
+        "input": [t.config_entry(is_input=True) for t in contract.inputs],
+        "output": [t.config_entry(is_input=False) for t in contract.outputs],
         "instance_group": [_instance_group(stage.instances)],
     }
     if contract.decoupled:
@@ -170,7 +160,7 @@ def _resolve_model(spec: PipelineSpec, name: str, stage: StageSpec) -> Path:
 
 def _decoder_context(folder: Path) -> dict[str, int]:
     """The chunk context the audio decoder's checkpoint needs (see dit_context_codes)."""
-    from omni_serve.audio.request import dit_context_codes  # noqa: PLC0415
+    from omni_serve.audio.request import dit_context_codes
 
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))

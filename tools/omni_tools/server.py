@@ -29,7 +29,7 @@ def metric_sample(text: str, name: str, **labels: str) -> float:
     `nv_inference_count`, which the parser renames `nv_inference_count_total`);
     KeyError when no sample matches.
     """
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families
 
     for family in text_string_to_metric_families(text):
         names = {name, name + "_total"} if family.type == "counter" else {name}

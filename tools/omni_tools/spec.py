@@ -38,7 +38,7 @@ from pydantic import (
     model_validator,
 )
 
-from omni_serve.contract import CONTRACTS
+from omni_serve.contract import CONTRACTS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 # The orchestrator's roles: its own config is the one place their rules live.
 from omni_serve.orchestrator.config import (
@@ -60,8 +60,6 @@ InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
 ENGINE_BATCHED_BACKENDS: frozenset[str] = frozenset(
     name for name, contract in CONTRACTS.items() if contract.batching == "engine")
 
-DEFAULT_MAX_BATCH_SIZE = 8
-DEFAULT_MAX_QUEUE_DELAY_US = 2000
 TINY_PREFIX = "tiny:"
 PIPELINE_NAME_RE = re.compile(r"[a-z0-9-]+")
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
@@ -95,7 +93,7 @@ def vllm_engine_arg_names() -> frozenset[str] | None:
     """Field names of vLLM's AsyncEngineArgs, or None when vLLM cannot be imported."""
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
-    except Exception as e:  # noqa: BLE001 - any import failure means "cannot check"
+    except Exception as e:  # any import failure means "cannot check"
         logger.warning("vLLM is not importable (%s); engine_args are not checked", e)
         return None
     # plus the omni_llm stage's own: "talker" (omni_serve.llm.talker.ENGINE_ARG)

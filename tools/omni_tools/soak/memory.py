@@ -257,7 +257,7 @@ def plot(series: list[Series], path: Path, *, warmup_s: float,
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     ratios = [3, 1.3] + ([1] if shm is not None else [])
     fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 8 + 1.5 * (shm is not None)), sharex=True,

@@ -149,7 +149,7 @@ def send_one(client: grpcclient.InferenceServerClient, kind: Kind, index: int, *
         inputs = kind.build(index)
         client.start_stream(callback=lambda result, error: events.put(
             (time.monotonic(), result, error)))
-    except Exception as e:  # noqa: BLE001 - the server may be gone: that is an errored request
+    except Exception as e:  # the server may be gone: that is an errored request
         rec.failure(f"client could not start the stream: {e}", time.monotonic())
         return rec
     try:
@@ -161,7 +161,7 @@ def send_one(client: grpcclient.InferenceServerClient, kind: Kind, index: int, *
                 _feed(rec, *events.get(timeout=max(0.0, deadline - time.monotonic())))
             except queue.Empty:
                 break
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         rec.failure(f"client: {e}", time.monotonic())
     if rec.terminal:
         rec.close_stuck = not _close(client, close_grace_s)
