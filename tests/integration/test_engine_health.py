@@ -83,8 +83,17 @@ def _generate(url: str, text: str = "hello", model: str = MODEL) -> str:
 
 
 def _engine_cores(server) -> list[psutil.Process]:
-    procs = psutil.Process(server.proc.pid).children(recursive=True)
-    return [p for p in procs if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+    """The live vLLM engine cores under the server (an ended one may stay a zombie until
+    its stub reaps it: not counted)."""
+    cores = []
+    for proc in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and "EngineCore" in " ".join(
+                    [proc.name(), *proc.cmdline()]):
+                cores.append(proc)
+        except psutil.NoSuchProcess:  # ended meanwhile
+            pass
+    return cores
 
 
 def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(server):
