@@ -35,8 +35,7 @@ from omni_serve.audio.request import (
 from omni_serve.audio.runner import AudioRunner, real_time_factor, sample_mel
 from omni_serve.contract import AUDIO, ENGINE_ARGS_FILE
 from omni_serve.errors import RequestError
-from omni_tools.tiny_omni import build_omni_checkpoint
-from omni_tools.tiny_token2wav import TINY_BIGVGAN, TINY_DIT, build_token2wav
+from omni_tools.tiny_token2wav import TINY_BIGVGAN, TINY_DIT
 
 torch.set_num_threads(1)
 
@@ -217,32 +216,24 @@ def test_the_vocoder_field_is_what_its_convolutions_read(runner):
 
 # --- runner ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The whole tiny Qwen2.5-Omni checkpoint in the hub layout (its Token2Wav built beside it)."""
-    root = tmp_path_factory.mktemp("omni")
-    build_token2wav(root / "token2wav")
-    build_omni_checkpoint(root / "omni", token2wav_dir=root / "token2wav")
-    return root / "omni"
+def runner(tiny_omni_checkpoint) -> AudioRunner:
+    return AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), num_steps=STEPS,
+                                        max_codec_tokens=128))
 
 
 @pytest.fixture(scope="module")
-def runner(folder) -> AudioRunner:
-    return AudioRunner(AudioStageConfig(model=str(folder), num_steps=STEPS, max_codec_tokens=128))
-
-
-@pytest.fixture(scope="module")
-def own_runner(folder) -> AudioRunner:
+def own_runner(tiny_omni_checkpoint) -> AudioRunner:
     """The checkpoint's own sampler settings (transformers' defaults)."""
-    return AudioRunner(AudioStageConfig(model=str(folder), max_codec_tokens=128))
+    return AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), max_codec_tokens=128))
 
 
 @pytest.fixture(scope="module")
-def reference(folder):
+def reference(tiny_omni_checkpoint):
     """transformers' whole Qwen2.5-Omni model and its voices, as a user would load them."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
-    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(folder).eval()
-    return model, torch.load(folder / "spk_dict.pt", weights_only=True)
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_omni_checkpoint).eval()
+    return model, torch.load(tiny_omni_checkpoint / "spk_dict.pt", weights_only=True)
 
 
 def test_runner_reads_limits_and_timing_from_the_checkpoint(runner, own_runner):
@@ -267,16 +258,17 @@ def _copy(folder: Path, out: Path, *, drop_file: str | None = None, drop_key: st
     return out
 
 
-def test_runner_rejects_settings_the_checkpoint_cannot_serve(folder, tmp_path):
+def test_runner_rejects_settings_the_checkpoint_cannot_serve(tiny_omni_checkpoint, tmp_path):
     with pytest.raises(ValueError, match="default_speaker='Nobody' .* known voices: Chelsie, Ethan"):
-        AudioRunner(AudioStageConfig(model=str(folder), default_speaker="Nobody"))
+        AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), default_speaker="Nobody"))
     with pytest.raises(ValueError, match="max_codec_tokens=20000 exceeds .* 16384 codes"):
-        AudioRunner(AudioStageConfig(model=str(folder), max_codec_tokens=20000))
+        AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), max_codec_tokens=20000))
     with pytest.raises(FileNotFoundError, match="spk_dict.pt is missing"):
-        AudioRunner(AudioStageConfig(model=str(_copy(folder, tmp_path / "a", drop_file="spk_dict.pt"))))
+        AudioRunner(AudioStageConfig(model=str(_copy(tiny_omni_checkpoint, tmp_path / "a",
+                                                     drop_file="spk_dict.pt"))))
     key = "token2wav.code2wav_bigvgan_model.conv_post.weight"
     with pytest.raises(ValueError, match=f"1 missing \\({key}\\), 0 unexpected"):
-        AudioRunner(AudioStageConfig(model=str(_copy(folder, tmp_path / "b", drop_key=key))))
+        AudioRunner(AudioStageConfig(model=str(_copy(tiny_omni_checkpoint, tmp_path / "b", drop_key=key))))
     other = tmp_path / "qwen2"
     other.mkdir()
     (other / "config.json").write_text('{"model_type": "qwen2"}')
@@ -284,8 +276,8 @@ def test_runner_rejects_settings_the_checkpoint_cannot_serve(folder, tmp_path):
         AudioRunner(AudioStageConfig(model=str(other)))
 
 
-def test_the_stand_alone_token2wav_folder_still_loads(folder, runner):
-    old = AudioRunner(AudioStageConfig(model=str(folder.parent / "token2wav"), num_steps=STEPS))
+def test_the_stand_alone_token2wav_folder_still_loads(tiny_omni_checkpoint, runner):
+    old = AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint.parent / "token2wav"), num_steps=STEPS))
     assert old.limits.speakers == runner.limits.speakers
     assert old.run([req(12, seed=2)])[0].tobytes() == runner.run([req(12, seed=2)])[0].tobytes()
 
@@ -462,13 +454,14 @@ def _fake_pb_utils() -> types.ModuleType:
     return pb
 
 
-def test_adapter_answers_each_request_and_adds_the_batch_dimension(folder, tmp_path, monkeypatch):
+def test_adapter_answers_each_request_and_adds_the_batch_dimension(tiny_omni_checkpoint, tmp_path,
+                                                                   monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     path = Path(__file__).resolve().parents[2] / "backends" / "omni_audio" / "model.py"
     spec = importlib.util.spec_from_file_location("omni_audio_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    (tmp_path / ENGINE_ARGS_FILE).write_text(f'{{"model": "{folder}", "num_steps": {STEPS}}}')
+    (tmp_path / ENGINE_ARGS_FILE).write_text(f'{{"model": "{tiny_omni_checkpoint}", "num_steps": {STEPS}}}')
     model = module.TritonPythonModel()
     model.initialize({"model_name": "audio", "model_repository": str(tmp_path)})
 
@@ -487,7 +480,7 @@ def test_adapter_answers_each_request_and_adds_the_batch_dimension(folder, tmp_p
 @pytest.mark.parametrize("kind, device_id, visible", [
     ("GPU", "3", "3"), ("CPU", "0", None), ("MODEL", "0", None),
 ])
-def test_a_kind_gpu_instance_sees_only_the_gpu_triton_gave_it(folder, tmp_path, monkeypatch,
+def test_a_kind_gpu_instance_sees_only_the_gpu_triton_gave_it(tiny_omni_checkpoint, tmp_path, monkeypatch,
                                                                 kind, device_id, visible):
     """Placement (issue 14): the adapter's initialize sets CUDA_VISIBLE_DEVICES before the
     runner (or vLLM's engine) starts, from Triton's instance kind and device id."""
@@ -507,7 +500,7 @@ def test_a_kind_gpu_instance_sees_only_the_gpu_triton_gave_it(folder, tmp_path, 
             seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
 
     monkeypatch.setattr(module, "AudioRunner", Runner)
-    (tmp_path / ENGINE_ARGS_FILE).write_text(f'{{"model": "{folder}"}}')
+    (tmp_path / ENGINE_ARGS_FILE).write_text(f'{{"model": "{tiny_omni_checkpoint}"}}')
     module.TritonPythonModel().initialize({
         "model_name": "audio", "model_repository": str(tmp_path),
         "model_instance_kind": kind, "model_instance_device_id": device_id})

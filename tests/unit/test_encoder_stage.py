@@ -44,7 +44,6 @@ from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner, audio_tokens
 from omni_serve.errors import RequestError
 from omni_tools import tiny_omni as to
-from omni_tools import tiny_token2wav
 
 torch.set_num_threads(1)
 
@@ -90,29 +89,13 @@ def png_header_only(width: int, height: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("omni") / "thinker"
-    to.build_omni_thinker(out)
-    return out
+def thinker(tiny_thinker: Path) -> Qwen2_5OmniThinkerForConditionalGeneration:
+    return Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(tiny_thinker).eval()
 
 
 @pytest.fixture(scope="module")
-def thinker(thinker_dir: Path) -> Qwen2_5OmniThinkerForConditionalGeneration:
-    return Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(thinker_dir).eval()
-
-
-@pytest.fixture(scope="module")
-def processor(thinker_dir: Path) -> Qwen2_5OmniProcessor:
-    return Qwen2_5OmniProcessor.from_pretrained(thinker_dir)
-
-
-@pytest.fixture(scope="module")
-def full_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The whole tiny Qwen2_5OmniForConditionalGeneration, in the hub layout (`thinker.` keys)."""
-    root = tmp_path_factory.mktemp("omni-full")
-    tiny_token2wav.build_token2wav(root / "token2wav")
-    to.build_omni_checkpoint(root / "omni", token2wav_dir=root / "token2wav")
-    return root / "omni"
+def processor(tiny_thinker: Path) -> Qwen2_5OmniProcessor:
+    return Qwen2_5OmniProcessor.from_pretrained(tiny_thinker)
 
 
 def _runner(model_dir: Path, modality: str, **limits) -> EncoderRunner:
@@ -120,13 +103,13 @@ def _runner(model_dir: Path, modality: str, **limits) -> EncoderRunner:
 
 
 @pytest.fixture(scope="module")
-def image_runner(thinker_dir: Path) -> EncoderRunner:
-    return _runner(thinker_dir, "image")
+def image_runner(tiny_thinker: Path) -> EncoderRunner:
+    return _runner(tiny_thinker, "image")
 
 
 @pytest.fixture(scope="module")
-def audio_runner(thinker_dir: Path) -> EncoderRunner:
-    return _runner(thinker_dir, "audio")
+def audio_runner(tiny_thinker: Path) -> EncoderRunner:
+    return _runner(tiny_thinker, "audio")
 
 
 # --- references: transformers' Qwen2.5-Omni processor and thinker ------------------------------
@@ -176,9 +159,9 @@ def test_config_rejects_unknown_keys_and_bad_limits() -> None:
         EncoderStageConfig(model="m", modality="video")
 
 
-def test_runner_rejects_audio_limit_beyond_the_feature_extractor(thinker_dir: Path) -> None:
+def test_runner_rejects_audio_limit_beyond_the_feature_extractor(tiny_thinker: Path) -> None:
     with pytest.raises(ValueError, match="max_audio_seconds"):
-        _runner(thinker_dir, "audio", max_audio_seconds=301)
+        _runner(tiny_thinker, "audio", max_audio_seconds=301)
 
 
 def test_runner_uses_the_checkpoints_torchvision_image_processor(image_runner, processor) -> None:
@@ -220,9 +203,9 @@ def test_resized_image_keeps_its_aspect_within_the_pixel_budget(image_runner) ->
     assert w > h  # landscape stays landscape
 
 
-def test_image_token_counts(thinker_dir: Path) -> None:
+def test_image_token_counts(tiny_thinker: Path) -> None:
     """100x80 -> 112x84 (multiples of 28) -> 4x3 merged tokens; 64x48 -> 56x56 -> 2x2."""
-    processor = AutoImageProcessor.from_pretrained(thinker_dir)
+    processor = AutoImageProcessor.from_pretrained(tiny_thinker)
     assert processor.get_number_of_image_patches(80, 100) // 4 == 12
     assert processor.get_number_of_image_patches(48, 64) // 4 == 4
     assert processor.get_number_of_image_patches(2000, 2000) // 4 <= 32
@@ -305,10 +288,10 @@ def test_batched_audio_features_equal_features_alone(audio_runner) -> None:
 # --- a full Qwen2.5-Omni checkpoint ------------------------------------------------------------
 
 
-def test_runner_reads_a_full_omni_checkpoint(full_dir: Path) -> None:
-    full = Qwen2_5OmniForConditionalGeneration.from_pretrained(full_dir).eval()
-    processor = Qwen2_5OmniProcessor.from_pretrained(full_dir)
-    runner = _runner(full_dir, "image")
+def test_runner_reads_a_full_omni_checkpoint(tiny_omni_checkpoint: Path) -> None:
+    full = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_omni_checkpoint).eval()
+    processor = Qwen2_5OmniProcessor.from_pretrained(tiny_omni_checkpoint)
+    runner = _runner(tiny_omni_checkpoint, "image")
     for data in (IMAGES["png-100x80"](), IMAGES["png-300x200"]()):
         [out] = runner.run([data])
         want, grid, tokens = reference_image(full.thinker, processor, data)
@@ -316,7 +299,7 @@ def test_runner_reads_a_full_omni_checkpoint(full_dir: Path) -> None:
         np.testing.assert_allclose(out.embeddings, want, atol=1e-5, rtol=0)
         assert out.grid_thw.tolist() == grid.tolist()
     data = AUDIOS["wav-16k-mono-1s"]()
-    [out] = _runner(full_dir, "audio").run([data])
+    [out] = _runner(tiny_omni_checkpoint, "audio").run([data])
     ref = reference_audio(processor, data)
     frames = int(ref["feature_attention_mask"].sum())
     np.testing.assert_allclose(out.features, ref["input_features"][0, :, :frames].numpy(),
@@ -340,8 +323,8 @@ BAD_IMAGES = {
 
 
 @pytest.fixture(scope="module")
-def strict_image_runner(thinker_dir: Path) -> EncoderRunner:
-    return _runner(thinker_dir, "image", max_image_side=512, max_image_pixels=200_000,
+def strict_image_runner(tiny_thinker: Path) -> EncoderRunner:
+    return _runner(tiny_thinker, "image", max_image_side=512, max_image_pixels=200_000,
                    max_media_bytes=200_000)
 
 
@@ -389,8 +372,8 @@ BAD_AUDIOS = {
 
 
 @pytest.fixture(scope="module")
-def strict_audio_runner(thinker_dir: Path) -> EncoderRunner:
-    return _runner(thinker_dir, "audio", max_audio_seconds=2, max_media_bytes=300_000)
+def strict_audio_runner(tiny_thinker: Path) -> EncoderRunner:
+    return _runner(tiny_thinker, "audio", max_audio_seconds=2, max_media_bytes=300_000)
 
 
 @pytest.mark.parametrize("name", list(BAD_AUDIOS))
@@ -465,7 +448,7 @@ class _Request:
 
 
 @pytest.fixture()
-def make_adapter(monkeypatch, thinker_dir: Path, tmp_path: Path):
+def make_adapter(monkeypatch, tiny_thinker: Path, tmp_path: Path):
     fake = types.ModuleType("triton_python_backend_utils")
     fake.Tensor, fake.InferenceResponse, fake.TritonError, fake.MetricFamily = (
         _Tensor, _Response, _Error, _Family)
@@ -480,7 +463,7 @@ def make_adapter(monkeypatch, thinker_dir: Path, tmp_path: Path):
     def make(modality: str):
         repo = tmp_path / modality
         repo.mkdir()
-        (repo / "engine.json").write_text(json.dumps({"model": str(thinker_dir), "modality": modality}))
+        (repo / "engine.json").write_text(json.dumps({"model": str(tiny_thinker), "modality": modality}))
         model = module.TritonPythonModel()
         model.initialize({"model_name": f"{modality}_encoder", "model_repository": str(repo)})
         return model

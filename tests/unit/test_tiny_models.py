@@ -1,4 +1,5 @@
-"""omni_tools.tiny_models: building, caching and loading the tiny models (no server).
+"""omni_tools.tiny_models (with model_cache, tiny_tokenizer, tiny_corpus): building, caching and
+loading the tiny models (no server).
 
 Builds only `qwen2-tiny` (a few seconds each); the 0.5B model is never built here.
 """
@@ -14,7 +15,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from omni_tools import model_cache
 from omni_tools import tiny_models as tm
+from omni_tools.tiny_corpus import tokenizer_corpus
+from omni_tools.tiny_tokenizer import ENDOFTEXT, IM_END, SPECIAL_TOKENS, train_tokenizer
 
 TINY = "qwen2-tiny"
 WEIGHTS = "model.safetensors"
@@ -45,13 +49,13 @@ def _stat(path: Path) -> tuple[int, int]:
 
 def test_cache_dir_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("OMNI_MODEL_CACHE", str(tmp_path / "c"))
-    assert tm.cache_dir() == tmp_path / "c"
+    assert model_cache.cache_dir() == tmp_path / "c"
 
 
 def test_cache_dir_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("OMNI_MODEL_CACHE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert tm.cache_dir() == tmp_path / ".cache" / "omni-triton" / "models"
+    assert model_cache.cache_dir() == tmp_path / ".cache" / "omni-triton" / "models"
 
 
 def test_ensure_model_uses_env_cache(
@@ -72,7 +76,7 @@ def test_layout(tiny_path: Path) -> None:
         "generation_config.json",
         "tokenizer.json",
         "tokenizer_config.json",
-        tm.MARKER_FILE,
+        model_cache.MARKER_FILE,
     ):
         assert (tiny_path / name).is_file(), name
     assert not list(tiny_path.parent.glob(f".{TINY}.tmp-*"))
@@ -93,9 +97,9 @@ def test_loads_with_from_pretrained(tiny_path: Path, tokenizer) -> None:
     assert cfg.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
-    assert cfg.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids(tm.IM_END)
+    assert cfg.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids(IM_END)
     assert (
-        cfg.pad_token_id == tokenizer.pad_token_id == tokenizer.convert_tokens_to_ids(tm.ENDOFTEXT)
+        cfg.pad_token_id == tokenizer.pad_token_id == tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     )
 
     ids = tokenizer("The cat reads a book.", return_tensors="pt").input_ids
@@ -134,10 +138,10 @@ def test_tokenizer_round_trip(tokenizer, text: str) -> None:
 
 def test_tokenizer_specials(tokenizer) -> None:
     assert type(tokenizer).__name__ == "Qwen2Tokenizer"
-    assert tokenizer.eos_token == tm.IM_END
-    assert tokenizer.pad_token == tm.ENDOFTEXT
+    assert tokenizer.eos_token == IM_END
+    assert tokenizer.pad_token == ENDOFTEXT
     assert 1900 <= len(tokenizer) <= 2100
-    for special in tm.SPECIAL_TOKENS:
+    for special in SPECIAL_TOKENS:
         ids = tokenizer.encode(special, add_special_tokens=False)
         assert len(ids) == 1 and tokenizer.decode(ids) == special
     # No BOS/EOS is added to plain prompts (as with Qwen2).
@@ -198,8 +202,8 @@ def test_same_seed_same_weights(tiny_path: Path, tmp_path: Path) -> None:
 
 
 def test_tokenizer_training_is_deterministic() -> None:
-    assert tm.train_tokenizer().to_str() == tm.train_tokenizer().to_str()
-    assert tm.tokenizer_corpus() == tm.tokenizer_corpus()
+    assert train_tokenizer().to_str() == train_tokenizer().to_str()
+    assert tokenizer_corpus() == tokenizer_corpus()
 
 
 def test_unknown_name_lists_known() -> None:
@@ -264,7 +268,7 @@ def test_incomplete_dir_is_rebuilt(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     (tmp_path / name).mkdir()
     (tmp_path / name / "junk").write_text("no marker")
     path = tm.ensure_model(name, cache=tmp_path)
-    assert sorted(p.name for p in path.iterdir()) == [tm.MARKER_FILE, "ok"]
+    assert sorted(p.name for p in path.iterdir()) == [model_cache.MARKER_FILE, "ok"]
 
 
 # -- CLI ----------------------------------------------------------------------

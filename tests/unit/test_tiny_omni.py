@@ -34,7 +34,6 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
 from omni_tools import tiny_omni as to
-from omni_tools import tiny_token2wav
 
 torch.set_num_threads(1)
 
@@ -43,45 +42,24 @@ NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def thinker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("omni") / "thinker"
-    to.build_omni_thinker(out)
-    return out
+def thinker(tiny_thinker: Path) -> Qwen2_5OmniThinkerForConditionalGeneration:
+    return Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(tiny_thinker).eval()
 
 
 @pytest.fixture(scope="module")
-def thinker(thinker_dir: Path) -> Qwen2_5OmniThinkerForConditionalGeneration:
-    return Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(thinker_dir).eval()
+def prompt_ids(tiny_thinker: Path) -> torch.Tensor:
+    return AutoTokenizer.from_pretrained(tiny_thinker)(PROMPT, return_tensors="pt").input_ids
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(thinker_dir: Path) -> torch.Tensor:
-    return AutoTokenizer.from_pretrained(thinker_dir)(PROMPT, return_tensors="pt").input_ids
-
-
-@pytest.fixture(scope="module")
-def token2wav_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("omni-full") / "token2wav"
-    tiny_token2wav.build_token2wav(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def full_dir(token2wav_dir: Path) -> Path:
-    out = token2wav_dir.parent / "omni"
-    to.build_omni_checkpoint(out, token2wav_dir=token2wav_dir)
-    return out
-
-
-@pytest.fixture(scope="module")
-def full_model(full_dir: Path) -> Qwen2_5OmniForConditionalGeneration:
-    return Qwen2_5OmniForConditionalGeneration.from_pretrained(full_dir).eval()
+def full_model(tiny_omni_checkpoint: Path) -> Qwen2_5OmniForConditionalGeneration:
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_omni_checkpoint).eval()
 
 
 # --- the tiny thinker -------------------------------------------------------------------
 
 
-def test_thinker_is_the_real_architecture_and_tiny(thinker, thinker_dir: Path) -> None:
+def test_thinker_is_the_real_architecture_and_tiny(thinker, tiny_thinker: Path) -> None:
     cfg = thinker.config
     assert cfg.model_type == "qwen2_5_omni_thinker"
     assert cfg.text_config.hidden_size == to.TINY_TEXT_HIDDEN
@@ -89,12 +67,12 @@ def test_thinker_is_the_real_architecture_and_tiny(thinker, thinker_dir: Path) -
     assert cfg.audio_config.num_mel_bins == 128
     head_dim = cfg.text_config.hidden_size // cfg.text_config.num_attention_heads
     assert sum(cfg.text_config.rope_parameters["mrope_section"]) * 2 == head_dim == 64
-    size = sum(f.stat().st_size for f in thinker_dir.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in tiny_thinker.rglob("*") if f.is_file())
     assert size < 10 * 2**20
 
 
-def test_tokenizer_special_ids_match_the_config(thinker, thinker_dir: Path) -> None:
-    tok = AutoTokenizer.from_pretrained(thinker_dir)
+def test_tokenizer_special_ids_match_the_config(thinker, tiny_thinker: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_thinker)
     cfg = thinker.config
     ids = tok.convert_tokens_to_ids
     assert ids(to.IMAGE_TOKEN) == cfg.image_token_id
@@ -113,8 +91,8 @@ def test_tokenizer_special_ids_match_the_config(thinker, thinker_dir: Path) -> N
     assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == "ab"
 
 
-def test_chat_template_renders_media_placeholders(thinker_dir: Path) -> None:
-    tok = AutoTokenizer.from_pretrained(thinker_dir)
+def test_chat_template_renders_media_placeholders(tiny_thinker: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_thinker)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"},
                                              {"type": "text", "text": "what is this?"}]}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -122,13 +100,13 @@ def test_chat_template_renders_media_placeholders(thinker_dir: Path) -> None:
                     "<|audio_bos|><|AUDIO|><|audio_eos|>what is this?<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_preprocessor_configs_load_from_the_checkpoint(thinker_dir: Path) -> None:
-    image = AutoImageProcessor.from_pretrained(thinker_dir)
+def test_preprocessor_configs_load_from_the_checkpoint(tiny_thinker: Path) -> None:
+    image = AutoImageProcessor.from_pretrained(tiny_thinker)
     assert type(image) is Qwen2VLImageProcessor  # the torchvision one, as vLLM and the processor use
     assert image.size["shortest_edge"] == to.TINY_MIN_PIXELS
     assert image.size["longest_edge"] == to.TINY_MAX_PIXELS
     assert (image.patch_size, image.merge_size, image.temporal_patch_size) == (14, 2, 2)
-    audio = WhisperFeatureExtractor.from_pretrained(thinker_dir)
+    audio = WhisperFeatureExtractor.from_pretrained(tiny_thinker)
     assert (audio.feature_size, audio.sampling_rate, audio.hop_length) == (128, 16000, 160)
     assert audio.n_samples == to.TINY_AUDIO_CHUNK_SECONDS * 16000
 
@@ -147,8 +125,8 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def test_full_config_is_qwen2_5_omni_and_float32_everywhere(full_dir: Path) -> None:
-    config = AutoConfig.from_pretrained(full_dir)
+def test_full_config_is_qwen2_5_omni_and_float32_everywhere(tiny_omni_checkpoint: Path) -> None:
+    config = AutoConfig.from_pretrained(tiny_omni_checkpoint)
     assert type(config) is Qwen2_5OmniConfig and config.model_type == "qwen2_5_omni"
     assert config.architectures == ["Qwen2_5OmniForConditionalGeneration"]
     parts = {"config": config, "thinker_config": config.thinker_config,
@@ -156,7 +134,7 @@ def test_full_config_is_qwen2_5_omni_and_float32_everywhere(full_dir: Path) -> N
              "talker_config": config.talker_config, "token2wav_config": config.token2wav_config}
     assert {name: _dtype_name(part.dtype) for name, part in parts.items()} == dict.fromkeys(parts, "float32")
     # as written on disk, where vLLM reads the text config's dtype for dtype="auto"
-    raw = json.loads((full_dir / "config.json").read_text())
+    raw = json.loads((tiny_omni_checkpoint / "config.json").read_text())
     on_disk = {"config": raw["dtype"], "thinker_config": raw["thinker_config"]["dtype"],
                "thinker_config.text_config": raw["thinker_config"]["text_config"]["dtype"],
                "talker_config": raw["talker_config"]["dtype"],
@@ -165,23 +143,23 @@ def test_full_config_is_qwen2_5_omni_and_float32_everywhere(full_dir: Path) -> N
     assert config.enable_audio_output is True
 
 
-def test_full_checkpoint_has_the_hub_layout(full_dir: Path, thinker_dir: Path) -> None:
+def test_full_checkpoint_has_the_hub_layout(tiny_omni_checkpoint: Path, tiny_thinker: Path) -> None:
     for name in ("config.json", "model.safetensors", "spk_dict.pt", "generation_config.json",
                  "tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
-        assert (full_dir / name).is_file(), name
-    with safe_open(full_dir / "model.safetensors", "pt") as f:
+        assert (tiny_omni_checkpoint / name).is_file(), name
+    with safe_open(tiny_omni_checkpoint / "model.safetensors", "pt") as f:
         prefixes = {name.split(".", 1)[0] for name in f.keys()}
     assert prefixes == {"thinker", "talker", "token2wav"}
-    assert (json.loads((full_dir / "preprocessor_config.json").read_text())
-            == json.loads((thinker_dir / "preprocessor_config.json").read_text()))
-    size = sum(f.stat().st_size for f in full_dir.rglob("*") if f.is_file())
+    assert (json.loads((tiny_omni_checkpoint / "preprocessor_config.json").read_text())
+            == json.loads((tiny_thinker / "preprocessor_config.json").read_text()))
+    size = sum(f.stat().st_size for f in tiny_omni_checkpoint.rglob("*") if f.is_file())
     assert size < 20 * 2**20
 
 
-def test_full_model_loads_with_no_missing_or_unexpected_weights(full_dir: Path) -> None:
+def test_full_model_loads_with_no_missing_or_unexpected_weights(tiny_omni_checkpoint: Path) -> None:
     # PreTrainedModel's own loader: Qwen2_5Omni's override cannot return the loading info
     _, info = PreTrainedModel.from_pretrained.__func__(
-        Qwen2_5OmniForConditionalGeneration, full_dir, output_loading_info=True)
+        Qwen2_5OmniForConditionalGeneration, tiny_omni_checkpoint, output_loading_info=True)
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
     assert info["mismatched_keys"] == set() and info["error_msgs"] == []
 
@@ -191,14 +169,14 @@ def test_full_model_parts_are_float32(full_model) -> None:
         assert {p.dtype for p in part.parameters()} == {torch.float32}, type(part).__name__
 
 
-def test_spk_dict_holds_the_voices_with_thinker_bos_tokens(full_dir: Path, token2wav_dir: Path,
-                                                           full_model) -> None:
-    speakers = torch.load(full_dir / "spk_dict.pt", weights_only=True)
+def test_spk_dict_holds_the_voices_with_thinker_bos_tokens(tiny_omni_checkpoint: Path,
+                                                           tiny_token2wav_dir: Path, full_model) -> None:
+    speakers = torch.load(tiny_omni_checkpoint / "spk_dict.pt", weights_only=True)
     assert set(speakers) == {"Chelsie", "Ethan"}
-    voices = load_file(str(token2wav_dir / "speakers.safetensors"))
+    voices = load_file(str(tiny_token2wav_dir / "speakers.safetensors"))
     config = full_model.config
     vocab = config.thinker_config.text_config.vocab_size
-    tokens = len(AutoTokenizer.from_pretrained(full_dir))
+    tokens = len(AutoTokenizer.from_pretrained(tiny_omni_checkpoint))
     talker_text_ids = {config.talker_config.tts_text_start_token_id,
                        config.talker_config.tts_text_end_token_id,
                        config.talker_config.tts_text_pad_token_id}
@@ -224,16 +202,16 @@ def test_full_thinker_weights_are_build_omni_thinkers(full_model, thinker) -> No
         assert torch.equal(got[name], tensor), name
 
 
-def test_full_token2wav_weights_are_the_given_ones(full_model, token2wav_dir: Path) -> None:
-    want = Qwen2_5OmniToken2WavModel.from_pretrained(token2wav_dir).state_dict()
+def test_full_token2wav_weights_are_the_given_ones(full_model, tiny_token2wav_dir: Path) -> None:
+    want = Qwen2_5OmniToken2WavModel.from_pretrained(tiny_token2wav_dir).state_dict()
     got = full_model.token2wav.state_dict()
     assert got.keys() == want.keys()
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
 
 
-def test_full_processor_is_qwen2_5_omni_on_torchvision(full_dir: Path, full_model) -> None:
-    processor = Qwen2_5OmniProcessor.from_pretrained(full_dir)
+def test_full_processor_is_qwen2_5_omni_on_torchvision(tiny_omni_checkpoint: Path, full_model) -> None:
+    processor = Qwen2_5OmniProcessor.from_pretrained(tiny_omni_checkpoint)
     assert type(processor.image_processor) is Qwen2VLImageProcessor
     assert type(processor.feature_extractor) is WhisperFeatureExtractor
     cfg = full_model.config.thinker_config

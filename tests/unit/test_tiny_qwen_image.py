@@ -16,6 +16,7 @@ from diffusers import QwenImagePipeline
 from PIL import Image
 
 from omni_tools import tiny_models as tm
+from omni_tools.model_cache import MARKER_FILE
 
 NAME = "qwen-image-tiny"
 SIZE = 64
@@ -46,7 +47,7 @@ def _np(pipe: QwenImagePipeline, prompt: str | list[str], generator, **kw) -> np
 
 def test_registered_and_built(model_path: Path) -> None:
     assert NAME in tm.TINY_MODELS
-    marker = json.loads((model_path / tm.MARKER_FILE).read_text())
+    marker = json.loads((model_path / MARKER_FILE).read_text())
     assert marker["name"] == NAME
     index = json.loads((model_path / "model_index.json").read_text())
     assert index["_class_name"] == "QwenImagePipeline"

@@ -10,13 +10,18 @@ What it produces: `<cache>/<name>/`, a Hugging Face checkpoint directory
 tokenizer_config.json, chat template) that loads with
 `AutoModelForCausalLM.from_pretrained(path)` / `AutoTokenizer.from_pretrained(path)`
 and with vLLM, exactly like a user's real checkpoint. Nothing is downloaded:
-the tokenizer is a byte-level BPE trained here on a corpus generated in code,
-and the weights are random with a fixed seed, so every build is identical.
+the tokenizer is a byte-level BPE trained locally (omni_tools.tiny_tokenizer)
+on a corpus generated in code (omni_tools.tiny_corpus), and the weights are
+random with a fixed seed, so every build is identical. The Qwen2.5-Omni
+parts are drawn by omni_tools.tiny_omni and tiny_token2wav.
 
-The cache is `$OMNI_MODEL_CACHE` or `~/.cache/omni-triton/models`. A model
-is built once (into a temporary directory in the cache, then renamed), under
-a file lock so concurrent processes never build the same model twice, and
-rebuilt when its recipe version changes.
+This module is the registry (name -> builder and recipe version), the
+builders of the Qwen2 LMs and the Qwen-Image pipeline, and the CLI. The
+cache itself is omni_tools.model_cache: `$OMNI_MODEL_CACHE` or
+`~/.cache/omni-triton/models`, each model built once (into a temporary
+directory in the cache, then renamed) under a file lock, so concurrent
+processes never build the same model twice, and rebuilt when its recipe id
+(`RECIPE_VERSION` and the model's own version) changes.
 
 Adding an architecture: write a `_build_<arch>(out: Path) -> None` function
 and register it with `@register("<name>")`.
@@ -25,56 +30,23 @@ and register it with `@register("<name>")`.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import random
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's --help must be instant
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
+from omni_tools.model_cache import Builder, build_once, cache_dir
+from omni_tools.tiny_tokenizer import build_tokenizer, padded_vocab_size, special_ids
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's --help must be instant
+    from transformers import PreTrainedConfig, PreTrainedTokenizerBase
 
 # Bump to rebuild every cached model (changes shared by all recipes, e.g. the
 # tokenizer or the marker format). Per-model changes bump that model's version.
 RECIPE_VERSION = 1
-MARKER_FILE = ".omni-tiny-model.json"
 DEFAULT_SEED = 0
-
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-TOKENIZER_VOCAB_SIZE = 2000
-CORPUS_SEED = 1234
-
-# ChatML, as Qwen2 chat models use it. Content may be a string or a list of
-# OpenAI-style parts (only the text parts are rendered).
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}"
-    "{{- message['content'] }}"
-    "{%- else %}"
-    "{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
-Builder = Callable[[Path], None]
 
 
 @dataclass(frozen=True)
@@ -103,392 +75,26 @@ def register(name: str, *, version: int = 1, description: str = "") -> Callable[
     return deco
 
 
-# --------------------------------------------------------------------------
-# cache, marker, lock
-# --------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """The model cache: $OMNI_MODEL_CACHE, else ~/.cache/omni-triton/models."""
-    env = os.environ.get("OMNI_MODEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "omni-triton" / "models"
-
-
-def _recipe_id(name: str) -> str:
+def recipe_id(name: str) -> str:
+    """The recipe a build of `name` is marked with: the shared and the model's version."""
     return f"{RECIPE_VERSION}.{TINY_MODELS[name].version}"
-
-
-def _is_complete(path: Path, name: str) -> bool:
-    try:
-        marker = json.loads((path / MARKER_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("name") == name and marker.get("recipe") == _recipe_id(name)
-
-
-def _write_marker(path: Path, name: str, seconds: float) -> None:
-    marker = {"name": name, "recipe": _recipe_id(name), "build_seconds": round(seconds, 2)}
-    (path / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
-
-
-def _file_lock(lock_path: Path):
-    """An exclusive lock on lock_path for a with-block (blocks while another process has it)."""
-    from filelock import FileLock
-
-    return FileLock(lock_path, mode=0o644)
-
-
-def _remove_stale_tmp(cache: Path, name: str) -> None:
-    """Delete leftovers of interrupted builds (caller holds the model's lock)."""
-    for stale in cache.glob(f".{name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for stale in cache.glob(f".{name}.old-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-def _current_umask() -> int:
-    try:  # Linux: read it without the process-wide set-and-restore race
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return umask
-
-
-def _make_readable(path: Path) -> None:
-    """mkdtemp (and safetensors) create owner-only modes; apply the umask like a plain mkdir."""
-    umask = _current_umask()
-    path.chmod(0o777 & ~umask)
-    for child in path.rglob("*"):
-        child.chmod((0o777 if child.is_dir() else 0o666) & ~umask)
-
-
-def _install(tmp: Path, target: Path) -> None:
-    """Move a finished build to target with renames (replacing an old build)."""
-    if target.exists():
-        old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
-        os.rename(target, old / target.name)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, target)
 
 
 def ensure_model(name: str, *, cache: Path | None = None, force: bool = False) -> Path:
     """Build tiny model `name` into `<cache>/<name>/` once and return that path.
 
     Reuses a complete build of the current recipe; `force=True` rebuilds.
-    Safe to call from several processes at once (file lock per model).
+    Safe to call from several processes at once (model_cache.build_once).
     """
     if name not in TINY_MODELS:
         known = ", ".join(sorted(TINY_MODELS))
         raise ValueError(f"unknown tiny model {name!r}; known models: {known}")
-    cache = Path(cache) if cache is not None else cache_dir()
-    target = cache / name
-    if not force and _is_complete(target, name):
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache / f".{name}.lock"):
-        # Another process may have finished the build while we waited.
-        if not force and _is_complete(target, name):
-            return target
-        _remove_stale_tmp(cache, name)
-        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{name}.tmp-"))
-        try:
-            logger.info("building tiny model %s into %s", name, target)
-            start = time.monotonic()
-            TINY_MODELS[name].build(tmp)
-            elapsed = time.monotonic() - start
-            _write_marker(tmp, name, elapsed)
-            _make_readable(tmp)
-            _install(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        logger.info("built %s in %.1f s", name, elapsed)
-    return target
-
-
-# --------------------------------------------------------------------------
-# tokenizer
-# --------------------------------------------------------------------------
-
-
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
-# Word lists for the generated corpus. Verbs are base forms; inflections are
-# derived below, so a few hundred lemmas give well over a thousand word types.
-_NOUNS = _words("""
-time year people way day man woman child world life hand part place case week
-company system program question work government number night point home water
-room mother area money story fact month lot right study book eye job word
-business issue side kind head house service friend father power hour game line
-end member law car city community name president team minute idea kid body
-information back parent face others level office door health person art war
-history party result change morning reason research girl guy moment air teacher
-force education foot boy age policy music market sense nation plan college
-interest death experience effect class control care field development role effort
-rate heart drug show leader light voice wife police mind price report decision
-son view relationship town road arm difference value building action model season
-society tax director position player record paper space ground form event
-official matter center couple site project activity star table need court oil
-situation cost industry figure street image phone data picture practice piece
-land product doctor wall patient worker news test movie north love support
-technology step baby computer type attention film tree source organization hair
-window evidence population site garden river mountain island ocean forest desert
-village bridge station library kitchen machine engine server network request
-response token sentence letter message answer problem solution language animal
-bird fish horse apple bread coffee dinner breakfast lunch flower summer winter
-spring autumn weather cloud rain snow wind fire stone metal glass paper pencil
-camera screen keyboard signal pattern memory process thread queue stream buffer
-""")
-_VERBS = _words("""
-ask build call carry change check clean climb close collect compare count cover
-create cross describe design discover dream enjoy explain fill finish follow form
-help imagine improve include jump kick laugh learn listen look love measure move
-need open order paint pass perform play point prepare print pull push reach
-remember repair report rest return save search serve share sort start stay stop
-talk test touch train travel try turn use visit wait walk want wash watch work
-answer walk plant protect record solve study support trust worry deliver decode
-encode generate compute stream render process
-""")
-_ADJECTIVES = _words("""
-good new first last long great little own other old right big high different
-small large next early young important few public bad same able free sure
-clear full special easy strong certain whole real best late hard major better
-economic possible human local social political national similar central happy
-red blue green yellow white black dark bright quiet loud warm cold fresh simple
-quick slow heavy light deep wide narrow gentle careful busy empty rich poor
-ancient modern strange famous useful beautiful wonderful serious tiny random
-""")
-_ADVERBS = _words("""
-quickly slowly carefully quietly happily often never always sometimes usually
-rarely really almost already still again together suddenly finally perhaps
-clearly easily simply nearly exactly probably certainly gently loudly
-""")
-_PREPOSITIONS = _words("""
-in on at near under over behind beside between through across along around
-into from with without during before after above below beyond toward inside
-""")
-_DETERMINERS = _words("the a this that every each some my your our their his her one another")
-_PRONOUNS = _words("i you we they he she it someone nobody everyone")
-_CONNECTORS = [
-    "however",
-    "meanwhile",
-    "later",
-    "today",
-    "yesterday",
-    "tomorrow",
-    "then",
-    "finally",
-    "usually",
-    "in fact",
-    "of course",
-    "for example",
-    "at first",
-    "in general",
-    "as a result",
-]
-_QUESTIONS = [
-    "what is the capital of france",
-    "how does a computer work",
-    "why is the sky blue",
-    "can you help me write a poem",
-    "where is the nearest station",
-    "when does the train leave",
-    "who wrote this book",
-    "what time is it",
-    "how many days are in a year",
-    "please summarize the text below",
-    "translate this sentence into french",
-    "tell me a short story about a robot",
-    "explain how rain forms",
-    "describe the picture",
-    "what did you hear in the audio",
-]
-
-
-def _third_person(verb: str) -> str:
-    if verb.endswith(("s", "sh", "ch", "x", "z", "o")):
-        return verb + "es"
-    if verb.endswith("y") and verb[-2] not in "aeiou":
-        return verb[:-1] + "ies"
-    return verb + "s"
-
-
-def _past(verb: str) -> str:
-    if verb.endswith("e"):
-        return verb + "d"
-    if verb.endswith("y") and verb[-2] not in "aeiou":
-        return verb[:-1] + "ied"
-    return verb + "ed"
-
-
-def _gerund(verb: str) -> str:
-    if verb.endswith("e") and not verb.endswith("ee"):
-        return verb[:-1] + "ing"
-    return verb + "ing"
-
-
-def _plural(noun: str) -> str:
-    return _third_person(noun)
-
-
-def _noun_phrase(rng: random.Random) -> str:
-    noun = rng.choice(_NOUNS)
-    if rng.random() < 0.3:
-        return f"{rng.randint(2, 99)} {_plural(noun)}"
-    words = [rng.choice(_DETERMINERS)]
-    if rng.random() < 0.5:
-        words.append(rng.choice(_ADJECTIVES))
-    words.append(noun)
-    return " ".join(words)
-
-
-def _sentence(rng: random.Random) -> str:
-    subject_is_pronoun = rng.random() < 0.3
-    subject = rng.choice(_PRONOUNS) if subject_is_pronoun else _noun_phrase(rng)
-    verb = rng.choice(_VERBS)
-    tense = rng.randrange(4)
-    if tense == 0:
-        verb_form = _past(verb)
-    elif tense == 1:
-        verb_form = f"will {verb}"
-    elif tense == 2:
-        verb_form = f"is {_gerund(verb)}"
-    else:
-        plural = subject_is_pronoun and subject in ("i", "you", "we", "they")
-        verb_form = verb if plural else _third_person(verb)
-    words = [subject, verb_form, _noun_phrase(rng)]
-    if rng.random() < 0.3:
-        words.append(rng.choice(_ADVERBS))
-    if rng.random() < 0.6:
-        words += [rng.choice(_PREPOSITIONS), _noun_phrase(rng)]
-    text = " ".join(words)
-    if rng.random() < 0.25:
-        text = f"{rng.choice(_CONNECTORS)}, {text}"
-    text = text.replace("i ", "I ", 1) if text.startswith("i ") else text
-    return text[0].upper() + text[1:] + rng.choice(".....!;?")
-
-
-def _question(rng: random.Random) -> str:
-    q = rng.choice(_QUESTIONS)
-    return q[0].upper() + q[1:] + rng.choice("??.")
-
-
-def _code_line(rng: random.Random) -> str:
-    var = rng.choice(_NOUNS)
-    num = rng.randint(0, 4096)
-    return rng.choice(
-        [
-            f"{var} = {num}",
-            f"def {_gerund(rng.choice(_VERBS))}({var}):\n    return {var} + {num}",
-            f"for i in range({num}):\n    print(i, {var})",
-            f'if {var} > {num}:\n    {var} = "{var}"',
-            f'{{"{var}": {num}, "ok": true, "value": {rng.random():.3f}}}',
-            f"<{var}>{num}</{var}>",
-            f"$ ls -la /home/{var}/{_plural(rng.choice(_NOUNS))}",
-        ]
-    )
-
-
-def tokenizer_corpus(n_paragraphs: int = 3000, seed: int = CORPUS_SEED) -> list[str]:
-    """Deterministic English-ish training text (prose, questions, chat, code)."""
-    rng = random.Random(seed)
-    paragraphs: list[str] = []
-    for i in range(n_paragraphs):
-        kind = i % 4
-        if kind == 3:
-            paragraphs.append(_code_line(rng))
-        elif kind == 2:
-            q, a = _question(rng), " ".join(_sentence(rng) for _ in range(2))
-            paragraphs.append(f"{IM_START}user\n{q}{IM_END}\n{IM_START}assistant\n{a}{IM_END}")
-        else:
-            paragraphs.append(" ".join(_sentence(rng) for _ in range(rng.randint(1, 4))))
-    # A fixed, printable ASCII line so every punctuation mark is seen.
-    paragraphs.append("".join(chr(c) for c in range(32, 127)))
-    return paragraphs
-
-
-def train_tokenizer(
-    vocab_size: int = TOKENIZER_VOCAB_SIZE, extra_text: tuple[str, ...] = ()
-) -> Tokenizer:
-    """Byte-level BPE with the Qwen2 pre-tokenization, trained on tokenizer_corpus().
-
-    `extra_text` is appended to the corpus (e.g. a fixed prompt template
-    repeated so its words become single tokens); empty keeps the default build.
-    """
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
-    from tokenizers.trainers import BpeTrainer
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    # The exact pipeline Qwen2Tokenizer rebuilds from vocab/merges on load.
-    tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(tokenizer_corpus() + list(extra_text), trainer=trainer)
-    return tok
-
-
-def build_tokenizer(
-    model_max_length: int, extra_text: tuple[str, ...] = ()
-) -> PreTrainedTokenizerBase:
-    """The trained BPE wrapped as a Qwen2 chat tokenizer (eos <|im_end|>, pad <|endoftext|>)."""
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
-
-    model = json.loads(train_tokenizer(extra_text=extra_text).to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(
-        vocab=model["vocab"],
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        extra_special_tokens=[IM_START, IM_END],
-        model_max_length=model_max_length,
-        clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return build_once(name, recipe_id(name), TINY_MODELS[name].build, cache=cache, force=force)
 
 
 # --------------------------------------------------------------------------
 # models
 # --------------------------------------------------------------------------
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
-    return {
-        "bos_token_id": tokenizer.convert_tokens_to_ids(ENDOFTEXT),
-        "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
-        "pad_token_id": tokenizer.convert_tokens_to_ids(ENDOFTEXT),
-    }
 
 
 def _save_causal_lm(
@@ -505,7 +111,7 @@ def _save_causal_lm(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
-    ids = _special_ids(tokenizer)
+    ids = special_ids(tokenizer)
     generation = GenerationConfig(
         bos_token_id=ids["bos_token_id"],
         # Stop on the chat end and on the document end, as Qwen2.5 instruct does.
@@ -521,7 +127,7 @@ def _qwen2_config(tokenizer: PreTrainedTokenizerBase, **shape: Any) -> PreTraine
     from transformers import Qwen2Config
 
     rope_theta = float(shape.pop("rope_theta", 10000.0))
-    shape.setdefault("vocab_size", _round_up(len(tokenizer), 64))
+    shape.setdefault("vocab_size", padded_vocab_size(tokenizer))
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
     if head_dim * shape["num_attention_heads"] != shape["hidden_size"]:
         raise ValueError("hidden_size must be a multiple of num_attention_heads")
@@ -536,7 +142,7 @@ def _qwen2_config(tokenizer: PreTrainedTokenizerBase, **shape: Any) -> PreTraine
         tie_word_embeddings=shape.pop("tie_word_embeddings", True),
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         dtype="float32",  # vLLM on CPU then loads fp32 (it reads config.dtype)
-        **_special_ids(tokenizer),
+        **special_ids(tokenizer),
         **shape,
     )
     config.architectures = ["Qwen2ForCausalLM"]
@@ -693,10 +299,10 @@ def _build_qwen_image_tiny(out: Path) -> None:
         latents_mean=[0.0] * 4,
         latents_std=[1.0] * 4,
     )
-    ids = _special_ids(tokenizer)
+    ids = special_ids(tokenizer)
     config = Qwen2_5_VLConfig(
         text_config={
-            "vocab_size": _round_up(len(tokenizer), 64),
+            "vocab_size": padded_vocab_size(tokenizer),
             "hidden_size": text_hidden,
             "intermediate_size": 32,
             "num_hidden_layers": 2,

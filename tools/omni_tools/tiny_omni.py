@@ -24,7 +24,15 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omni_tools import tiny_models as tm
+from omni_tools.tiny_models import DEFAULT_SEED
+from omni_tools.tiny_tokenizer import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    padded_vocab_size,
+    special_ids,
+    train_tokenizer,
+)
 
 if TYPE_CHECKING:  # heavy imports stay lazy
     from transformers import PreTrainedTokenizerBase
@@ -98,23 +106,23 @@ TINY_AUDIO_CHUNK_SECONDS = 300
 
 
 def build_omni_tokenizer(model_max_length: int = TINY_MAX_LEN) -> PreTrainedTokenizerBase:
-    """The tiny byte-level BPE (tiny_models.train_tokenizer) with Qwen2.5-Omni's special tokens.
+    """The tiny byte-level BPE (tiny_tokenizer.train_tokenizer) with Qwen2.5-Omni's special tokens.
 
     Ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2, the BPE vocabulary,
     then the OMNI_SPECIAL_TOKENS in their order.
     """
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-    model = json.loads(tm.train_tokenizer().to_str())["model"]
+    model = json.loads(train_tokenizer().to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     tokenizer = Qwen2Tokenizer(
         vocab=model["vocab"],
         merges=merges,
         unk_token=None,
         bos_token=None,
-        eos_token=tm.IM_END,
-        pad_token=tm.ENDOFTEXT,
-        extra_special_tokens={"im_start_token": tm.IM_START, "im_end_token": tm.IM_END,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        extra_special_tokens={"im_start_token": IM_START, "im_end_token": IM_END,
                               **OMNI_SPECIAL_TOKENS},
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
@@ -127,12 +135,12 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
     """The tiny Qwen2_5OmniThinkerConfig, its token ids taken from `tokenizer`."""
     from transformers import Qwen2_5OmniThinkerConfig
 
-    ids = tm._special_ids(tokenizer)
+    ids = special_ids(tokenizer)
     tok = tokenizer.convert_tokens_to_ids
     heads = 2
     config = Qwen2_5OmniThinkerConfig(
         text_config={
-            "vocab_size": tm._round_up(len(tokenizer), 64),
+            "vocab_size": padded_vocab_size(tokenizer),
             "hidden_size": TINY_TEXT_HIDDEN,
             "intermediate_size": 256,
             "num_hidden_layers": 2,
@@ -215,7 +223,7 @@ def _save_thinker_files(out: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     """What a thinker folder holds besides its weights: generation config, tokenizer, processor."""
     from transformers import GenerationConfig
 
-    ids = tm._special_ids(tokenizer)
+    ids = special_ids(tokenizer)
     GenerationConfig(
         bos_token_id=ids["bos_token_id"],
         eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],
@@ -225,7 +233,7 @@ def _save_thinker_files(out: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     save_preprocessor_config(out)
 
 
-def build_omni_thinker(out: Path, *, seed: int = tm.DEFAULT_SEED) -> None:
+def build_omni_thinker(out: Path, *, seed: int = DEFAULT_SEED) -> None:
     """Write a tiny Qwen2_5OmniThinkerForConditionalGeneration checkpoint into `out`.
 
     Text model: hidden 128, 2 layers, 2 heads of 64, 1 KV head, M-RoPE
@@ -318,7 +326,7 @@ def quiet_non_audio_codes(talker: Any, audio_codes: int) -> None:
                 talker.codec_head.weight[i].zero_()
 
 
-def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = tm.DEFAULT_SEED) -> None:
+def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = DEFAULT_SEED) -> None:
     """Write a tiny Qwen2_5OmniForConditionalGeneration checkpoint into `out`, in the hub layout.
 
     `config.json` (Qwen2_5OmniConfig), one `model.safetensors` with the
