@@ -44,6 +44,9 @@ class StreamOptions(TypedDict, total=False):
         session_id: omni pipelines with several thinker engines send a
             session's requests to the same one (its prefix cache hits).
         history: earlier turns, [{"role": "user"|"assistant", "content": str}].
+            For an LLM model, history (even []) makes `text` the user's new
+            message: the server renders the chat with the model's chat
+            template, as vLLM's OpenAI server does (a "system" turn is allowed).
         talker_sampling: the talker's sampling (omni pipelines with speech):
             any of temperature (0: greedy), top_k, top_p, repetition_penalty,
             max_tokens, min_tokens; unset keys keep the checkpoint's

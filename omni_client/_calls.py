@@ -103,7 +103,7 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
         return Prepared(model, tensors, io.omni_outputs(codec_ids=bool(return_codec_ids)),
                         unary=False, parse=io.parse_omni)
     extras = {"image": image, "audio": audio, "speaker": speaker, "task": task, "inputs": inputs,
-              "session_id": session_id, "history": history,
+              "session_id": session_id,
               "talker_sampling": talker_sampling or None, "stream_audio": stream_audio,
               "return_codec_ids": return_codec_ids or None}
     if kind == "llm":
@@ -117,12 +117,13 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
             deltas.append(delta)
             return [delta]
 
-        return Prepared(model, io.llm_inputs(text, stream=True, sampling_parameters=sampling),
+        inputs = io.llm_inputs(text, stream=True, sampling_parameters=sampling, history=history)
+        return Prepared(model, inputs,
                         io.llm_outputs(), unary=False, parse=parse,
                         finish=lambda: [io.llm_final(deltas)])
     if kind == "image":
-        _refuse(model, kind, {**extras, "sampling_parameters": sampling or None}, modalities,
-                allowed=("image",))
+        _refuse(model, kind, {**extras, "history": history, "sampling_parameters": sampling or None},
+                modalities, allowed=("image",))
         tensors = io.image_inputs(text, seed=seed)
         return Prepared(model, tensors, io.image_outputs(), unary=True,
                         parse=lambda result: [io.parse_image(result)],

@@ -8,7 +8,7 @@ Tensor names, dtypes and shapes come from omni_serve.contract only.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,13 +65,27 @@ def _tensor(spec: TensorSpec, value: Any) -> grpcclient.InferInput:
     return tensor
 
 
+def history_json(history: Sequence[Mapping[str, Any]], new_turn: str | None = None) -> str:
+    """Earlier turns as JSON (and, given `new_turn`, the user's new message after them)."""
+    if isinstance(history, str | bytes) or not all(isinstance(t, Mapping) for t in history):
+        raise BadRequestError("history must be a list of {'role': 'user'|'assistant', "
+                              "'content': str} turns")
+    turns = [dict(turn) for turn in history]
+    if new_turn is not None:
+        turns.append({"role": "user", "content": new_turn})
+    return json.dumps(turns)
+
+
 def build_inputs(
-    prompt: str, *, stream: bool, sampling_parameters: Mapping[str, Any]
+    prompt: str, *, stream: bool, sampling_parameters: Mapping[str, Any],
+    history: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[grpcclient.InferInput]:
     """Build the LLM-stage input tensors of one request (shape [1] each, no batch dim).
 
-    Asks for the prompt to be left out of the output and for the finish
-    reason and token counts to be returned.
+    Without `history`, `prompt` is the prompt text itself. With it (even empty), `prompt`
+    is the user's new message: history + it go as `messages`, a chat the server renders
+    with the model's chat template (as vLLM's OpenAI server does). Asks for the prompt to
+    be left out of the output and for the finish reason and token counts to be returned.
 
     Raises:
         BadRequestError: `prompt` is not a str or the sampling parameters
@@ -79,8 +93,9 @@ def build_inputs(
     """
     if not isinstance(prompt, str):
         raise BadRequestError(f"prompt must be a str, got {type(prompt).__name__}")
+    chat = None if history is None else history_json(history, prompt)
     values: dict[str, Any] = {
-        LLM.TEXT_INPUT: prompt,
+        **({LLM.TEXT_INPUT: prompt} if chat is None else {LLM.MESSAGES: chat}),
         LLM.STREAM: stream,
         LLM.SAMPLING_PARAMETERS: encode_sampling_parameters(sampling_parameters),
         LLM.EXCLUDE_INPUT_IN_OUTPUT: True,

@@ -108,7 +108,7 @@ def omni_inputs(
         OMNI.SEED: seed,
         OMNI.TASK: task,
         OMNI.SESSION_ID: session_id,
-        OMNI.HISTORY: None if history is None else _history_json(history),
+        OMNI.HISTORY: None if history is None else _llm_io.history_json(history),
         OMNI.TALKER_SAMPLING_PARAMETERS: None if not talker_sampling
         else _talker_sampling_json(talker_sampling),
         OMNI.STREAM_AUDIO: _flag("stream_audio", stream_audio),
@@ -120,13 +120,6 @@ def omni_inputs(
             raise BadRequestError(f"unknown omni input {name!r}; the contract has {sorted(known)}")
         values[name] = value
     return _tensors(OMNI_CONTRACT, values)
-
-
-def _history_json(history: Sequence[Mapping[str, str]]) -> str:
-    if isinstance(history, str | bytes) or not all(isinstance(t, Mapping) for t in history):
-        raise BadRequestError("history must be a list of {'role': 'user'|'assistant', "
-                              "'content': str} turns")
-    return json.dumps([dict(turn) for turn in history])
 
 
 def _talker_sampling_json(talker_sampling: Mapping[str, Any]) -> str:

@@ -32,6 +32,7 @@ from omni_serve.orchestrator.pipeline import (
     OmniPipeline,
     TextDelta,
 )
+from omni_serve.orchestrator.prompt import ChatPrompt
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.orchestrator.stage_clients import stage_client
 from omni_serve.tritonio import (
@@ -109,14 +110,13 @@ class _CancelLatch:
             cancel()
 
 
-def _tokenizer(path: str | None):
-    """text -> the thinker's token ids (task "speech"), or None without a tokenizer folder."""
-    if not path:
-        return None
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+def _chat_prompt(cfg: OrchestratorConfig) -> ChatPrompt:
+    """The thinker's chat template and tokenizer, from the folder the config names."""
+    if not cfg.tokenizer:
+        raise ValueError("engine_args \"tokenizer\" is required: the thinker's checkpoint "
+                         "folder, whose chat template renders its prompts (omni-gen-repo "
+                         "writes it)")
+    return ChatPrompt.load(cfg.tokenizer)
 
 
 class TritonPythonModel(StageModel):
@@ -138,7 +138,7 @@ class TritonPythonModel(StageModel):
                                        call_timeout_s=self.cfg.stage_timeout_s,
                                        watch_stubs=not self.cfg.triton_url)
             log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
-        self.pipeline = OmniPipeline(self.cfg, self.client, tokenize=_tokenizer(self.cfg.tokenizer))
+        self.pipeline = OmniPipeline(self.cfg, self.client, _chat_prompt(self.cfg))
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever,
                                         name=f"{self.model_name}-loop", daemon=True)

@@ -94,6 +94,7 @@ class LLM:
     RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
     # Omni extras.
     PROMPT_TOKEN_IDS = "prompt_token_ids"
+    MESSAGES = "messages"
     IMAGE_EMBEDS = "image_embeds"
     IMAGE_GRID_THW = "image_grid_thw"
     AUDIO_FEATURES = "audio_features"
@@ -140,7 +141,7 @@ LLM_CONTRACT = StageContract(
     batching="engine",
     inputs=(
         TensorSpec(LLM.TEXT_INPUT, "TYPE_STRING", (1,), optional=True,
-                   doc="prompt text (required unless prompt_token_ids is sent)"),
+                   doc="prompt text (required unless prompt_token_ids or messages is sent)"),
         TensorSpec(LLM.STREAM, "TYPE_BOOL", (1,), optional=True,
                    doc="send deltas as they are generated (default false: one response)"),
         TensorSpec(LLM.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
@@ -153,6 +154,10 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.RETURN_NUM_OUTPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,), optional=True,
                    doc="the prompt as token ids instead of text_input"),
+        TensorSpec(LLM.MESSAGES, "TYPE_STRING", (1,), optional=True,
+                   doc="instead of text_input: a chat, a JSON array of OpenAI messages "
+                       "(text content), rendered by the checkpoint's chat template as "
+                       "vLLM's OpenAI server does"),
         TensorSpec(LLM.IMAGE_EMBEDS, "TYPE_FP32", (-1, -1), optional=True,
                    doc="multimodal thinkers: the vision tower's rows (tokens x hidden) of every "
                        "image of text_input, in order; one <|IMAGE|> placeholder per image"),

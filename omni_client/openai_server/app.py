@@ -185,7 +185,13 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
             if audio:
                 raise p.OpenAIError(400, f"model {info.name!r} produces text only; use an omni "
                                          "pipeline for audio", param="modalities")
-            events = front.client.stream(p.chatml_prompt(body.messages), model=info.name,
+            turn = p.user_turn(body.messages)
+            if turn.image is not None or turn.audio is not None:
+                raise p.OpenAIError(400, "this model reads text only; send images and audio to "
+                                         "an omni pipeline", param="messages")
+            # the chat, rendered by the model's chat template in the llm stage
+            events = front.client.stream(turn.text, model=info.name,
+                                         history=p.history(body.messages, allow_system=True),
                                          sampling_parameters=body.sampling_parameters())
         completion = ChatCompletion(body, audio)
         first, rest = await _first_and_rest(events)

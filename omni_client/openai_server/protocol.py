@@ -14,10 +14,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# ChatML, the template of the Qwen family (what the orchestrator renders too):
-# used to turn messages into a prompt for a plain LLM model.
-_CHATML_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
-
 
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
@@ -246,17 +242,6 @@ def history(messages: list[Message], *, allow_system: bool) -> list[dict[str, st
                               param=f"messages[{i}].role")
         turns.append({"role": role, "content": _text_of(message, i)})
     return turns
-
-
-def chatml_prompt(messages: list[Message]) -> str:
-    """A prompt for a plain LLM model: every message in ChatML, then the assistant's turn."""
-    turn = user_turn(messages)
-    if turn.image is not None or turn.audio is not None:
-        raise OpenAIError(400, "this model reads text only; send images and audio to an omni "
-                               "pipeline", param="messages")
-    parts = [_CHATML_TURN.format(**t) for t in history(messages, allow_system=True)]
-    parts.append(_CHATML_TURN.format(role="user", content=turn.text))
-    return "".join(parts) + "<|im_start|>assistant\n"
 
 
 def finish_reason(reason: str | None) -> str:

@@ -14,7 +14,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from omni_serve.orchestrator.config import OrchestratorConfig
-from omni_serve.orchestrator.pipeline import chat_prompt
+from omni_serve.orchestrator.prompt import ChatPrompt
 
 from .llm_io import cancel_limit, metric, wait_idle
 from .omni_io import (
@@ -70,8 +70,9 @@ def test_the_thinker_gets_the_same_prompt_as_the_llm_model(url, omni_chat_server
     """Text-only omni equals the plain `llm` model given the orchestrator's chat prompt."""
     from .llm_io import run as run_llm
 
-    system = OrchestratorConfig.model_validate(_engine(omni_chat_server, "omni")).system_prompt
-    direct = run_llm(url, chat_prompt(system, "hello there"), stream=False, sampling=GREEDY)
+    cfg = OrchestratorConfig.model_validate(_engine(omni_chat_server, "omni"))
+    prompt = ChatPrompt.load(cfg.tokenizer).render(cfg.system_prompt, "hello there")
+    direct = run_llm(url, prompt, stream=False, sampling=GREEDY)
     assert run_omni(url, text="hello there", sampling=GREEDY).text == direct.text
 
 

@@ -5,6 +5,7 @@ import base64
 import io
 import json
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -131,12 +132,25 @@ def test_an_image_part_reaches_the_thinker(client):
     assert with_image.usage.prompt_tokens > plain.usage.prompt_tokens + 4
 
 
-def test_plain_llm_model_chats_in_chatml(client):
-    reply = client.chat.completions.create(
-        model="llm", max_tokens=6, **GREEDY,
-        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+def test_plain_llm_model_chats_through_its_chat_template(client, omni_chat_server):
+    """The chat a plain LLM model answers is the one its tokenizer's apply_chat_template
+    renders (transformers' reference), as with vLLM's OpenAI server."""
+    from transformers import AutoTokenizer
+
+    from .llm_io import run as run_llm
+
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and then?"}]
+    reply = client.chat.completions.create(model="llm", max_tokens=6, messages=chat, **GREEDY)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 6 and reply.choices[0].message.content
+    folder = json.loads((Path(omni_chat_server.repository) / "llm" / "engine.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(folder["model"])
+    prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert reply.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    direct = run_llm(omni_chat_server.grpc_url, prompt, stream=False,
+                     sampling={"temperature": 0, "seed": 7, "max_tokens": 6})
+    assert reply.choices[0].message.content == direct.text
 
 
 def test_images_generate(client):

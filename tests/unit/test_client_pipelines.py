@@ -49,7 +49,7 @@ from omni_client import _pipeline_io as pio
 from omni_client.media import audio_bytes, encode_audio, image_bytes
 from omni_serve.contract import DIT, DIT_CONTRACT, LLM, OMNI, OMNI_CONTRACT, StageContract
 
-from .test_client import STREAMED, FakeTritonClient
+from .test_client import STREAMED, FakeTritonClient, sent_values
 
 # --- helpers -----------------------------------------------------------------------------
 
@@ -675,6 +675,20 @@ def test_a_silent_pipeline_times_out_naming_the_model_it_called():
     with pytest.raises(RequestTimeoutError, match="no response from model 'omni' within 0.05s"):
         list(client_over(fake, timeout=0.05).stream("hi", model="omni"))
     assert fake.stop_calls == [True]
+
+
+def test_a_chat_for_an_llm_model_goes_as_messages_for_its_chat_template():
+    fake = FakeServer(STREAMED)
+    earlier = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "hello"}]
+
+    list(client_over(fake).stream("and then?", model="llm", history=earlier))
+    list(client_over(fake).stream("plain prompt", model="llm"))
+
+    chat, plain = (sent_values(r) for r in fake.requests)
+    assert LLM.TEXT_INPUT not in chat
+    assert json.loads(chat[LLM.MESSAGES]) == [*earlier, {"role": "user", "content": "and then?"}]
+    assert plain[LLM.TEXT_INPUT] == "plain prompt" and LLM.MESSAGES not in plain
 
 
 def test_a_bad_argument_for_the_model_kind_is_raised_before_anything_is_sent():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -162,6 +163,34 @@ def test_a_flag_tensor_wins_over_the_parameter():
 def test_bad_requests_name_their_field(inputs, params, field):
     with pytest.raises(RequestError) as e:
         parse_request("r", inputs, params)
+    assert e.value.field == field
+
+
+def chat(value) -> dict:
+    raw = value if isinstance(value, str) else json.dumps(value)
+    return {LLM.MESSAGES: np.array([raw.encode()], dtype=object)}
+
+
+def test_a_chat_is_parsed_instead_of_text():
+    turns = [{"role": "system", "content": "be brief"},
+             {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    req = parse_request("r", chat(turns))
+    assert req.messages == turns and req.prompt is None and req.prompt_token_ids is None
+
+
+@pytest.mark.parametrize("inputs,field,fragment", [
+    (chat("[{"), "messages", "invalid JSON"),
+    (chat([]), "messages", "non-empty JSON array"),
+    (chat({"role": "user"}), "messages", "non-empty JSON array"),
+    (chat(["hi"]), "messages[0]", '"role"'),
+    (chat([{"role": "user", "content": 3}]), "messages[0].content", "string or a list"),
+    (chat([{"role": "user", "content": [{"type": "image_url"}]}]), "messages[0].content",
+     "string or a list"),
+    ({**tensors(), **chat([{"role": "user", "content": "x"}])}, "messages", "not both"),
+])
+def test_bad_chats_name_the_message(inputs, field, fragment):
+    with pytest.raises(RequestError, match=re.escape(fragment)) as e:
+        parse_request("r", inputs)
     assert e.value.field == field
 
 

@@ -21,6 +21,7 @@ from omni_serve.orchestrator.pipeline import (
 )
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.orchestrator.speech import THINKER_INPUTS
+from tests.unit.chat import tiny_chat_prompt
 
 SAMPLES_PER_CODE = 10
 MEL_BINS = 128
@@ -228,7 +229,7 @@ def tensors(text="hello", **extra) -> dict:
 def test_text_only_never_calls_the_speech_stages():
     cfg = config()
     stages = ScriptedStages(reply_tokens=5)
-    events = run(OmniPipeline(cfg, stages), tensors(), cfg)
+    events = run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(), cfg)
     assert [m for m, _ in stages.calls] == ["llm"]
     # no rows kept for a talker: none of the speech flags, no file handed over
     assert not set(THINKER_INPUTS) & set(stages.thinker_requests()[0])
@@ -242,7 +243,7 @@ def test_text_only_never_calls_the_speech_stages():
 def test_the_encoders_outputs_go_to_the_thinker_with_one_placeholder_each():
     cfg = config()
     stages = ScriptedStages(reply_tokens=2)
-    run(OmniPipeline(cfg, stages), tensors(image=b"img-bytes", audio=b"wav"), cfg)
+    run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(image=b"img-bytes", audio=b"wav"), cfg)
     models = [m for m, _ in stages.calls]
     assert sorted(models[:2]) == ["aenc", "ienc"] and models[2] == "llm"
     thinker = stages.calls[2][1]
@@ -259,7 +260,7 @@ def test_the_encoders_outputs_go_to_the_thinker_with_one_placeholder_each():
 def test_image_output_uses_the_reply_as_the_prompt():
     cfg = config()
     stages = ScriptedStages(reply_tokens=3)
-    events = run(OmniPipeline(cfg, stages), tensors(modalities=["text", "image"]), cfg)
+    events = run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(modalities=["text", "image"]), cfg)
     (dit_inputs,) = [i for m, i in stages.calls if m == "dit"]
     assert dit_inputs[DIT.PROMPT].reshape(-1)[0] == b"w0 w1 w2 "
     assert [type(e) for e in events[-2:]] == [ImageOut, Final]
@@ -271,7 +272,7 @@ def test_a_failing_stage_is_named_and_no_child_stream_is_left_open(failing, role
     cfg = config()
     stages = ScriptedStages(reply_tokens=30, fail=failing)
     with pytest.raises(StageFailedError) as err:
-        run(OmniPipeline(cfg, stages), tensors(audio=b"wav", modalities=["audio"]), cfg)
+        run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(audio=b"wav", modalities=["audio"]), cfg)
     assert str(err.value) == f"stage '{role}' (model {failing}) failed: {failing} refuses"
     assert err.value.code == "INVALID_ARG"
     assert not stages.open_streams
@@ -284,7 +285,7 @@ def test_a_silent_stage_times_out_as_unavailable():
     cfg = config(stage_timeout_s=0.2)
     stages = ScriptedStages(reply_tokens=3, hang="dec")
     with pytest.raises(StageFailedError) as err:
-        run(OmniPipeline(cfg, stages), tensors(modalities=["audio"]), cfg)
+        run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(modalities=["audio"]), cfg)
     assert err.value.code == "UNAVAILABLE" and "audio_decoder" in str(err.value)
 
 
@@ -294,7 +295,7 @@ def test_cancelling_the_request_closes_every_child_stream():
 
     async def scenario():
         req = parse_request("r1", tensors(modalities=["audio"]), cfg)
-        task = asyncio.create_task(OmniPipeline(cfg, stages).run(req, lambda e: None))
+        task = asyncio.create_task(OmniPipeline(cfg, stages, tiny_chat_prompt()).run(req, lambda e: None))
         while not any(m == "talker" for m, _ in stages.calls):
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.02)

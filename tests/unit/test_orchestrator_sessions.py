@@ -14,10 +14,10 @@ from omni_serve.orchestrator.pipeline import (
     OmniPipeline,
     StageCallError,
     TextDelta,
-    chat_prompt,
 )
 from omni_serve.orchestrator.request import Turn, parse_request
 from omni_serve.orchestrator.routing import pick
+from tests.unit.chat import tiny_chat_prompt
 from tests.unit.test_orchestrator import ScriptedStages, config, tensors
 
 ENGINES = ("llm_a", "llm_b")
@@ -61,12 +61,13 @@ def history_json(*turns: tuple[str, str]) -> str:
 # --- the prompt ----------------------------------------------------------------------
 
 def test_history_is_rendered_before_the_new_turn():
-    prompt = chat_prompt("SYS", "how are you?", [Turn("user", "hi"), Turn("assistant", "hello!")])
+    chat = tiny_chat_prompt()
+    prompt = chat.render("SYS", "how are you?", (), [Turn("user", "hi"), Turn("assistant", "hello!")])
     assert prompt == ("<|im_start|>system\nSYS<|im_end|>\n"
                       "<|im_start|>user\nhi<|im_end|>\n"
                       "<|im_start|>assistant\nhello!<|im_end|>\n"
                       "<|im_start|>user\nhow are you?<|im_end|>\n<|im_start|>assistant\n")
-    assert chat_prompt("SYS", "x", []) == chat_prompt("SYS", "x")
+    assert chat.render("SYS", "x", (), []) == chat.render("SYS", "x")
 
 
 def test_each_turn_extends_the_previous_prompt_and_reply():
@@ -74,7 +75,7 @@ def test_each_turn_extends_the_previous_prompt_and_reply():
     history: list[Turn] = []
     previous = None
     for user, reply in (("one", "A"), ("two", "B B"), ("three", "C")):
-        prompt = chat_prompt("SYS", user, history)
+        prompt = tiny_chat_prompt().render("SYS", user, (), history)
         if previous is not None:
             assert prompt.startswith(previous)
         previous = prompt + reply
@@ -139,7 +140,7 @@ def test_a_bad_thinker_list_is_refused(thinker, message):
 def test_every_turn_of_a_session_reaches_the_same_engine_with_its_history():
     cfg = engines_config()
     stages = TwoThinkers(reply_tokens=3, token_delay=0)
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     for session, turns in (("alice", 3), ("bob", 2)):
         history: list[tuple[str, str]] = []
         for i in range(turns):
@@ -161,7 +162,8 @@ def test_every_turn_of_a_session_reaches_the_same_engine_with_its_history():
 def test_requests_without_a_session_spread_over_the_engines():
     cfg = engines_config()
     stages = TwoThinkers(reply_tokens=5, token_delay=0.01)
-    results = run_all(OmniPipeline(cfg, stages), cfg, [tensors(f"q{i}") for i in range(4)])
+    results = run_all(OmniPipeline(cfg, stages, tiny_chat_prompt()), cfg,
+                      [tensors(f"q{i}") for i in range(4)])
     assert sorted(r[-1].metrics["thinker_model"] for r in results) == [
         "llm_a", "llm_a", "llm_b", "llm_b"]
 
@@ -170,7 +172,7 @@ def test_a_failing_engine_is_named():
     cfg = engines_config()
     session = next(f"s{i}" for i in range(100) if pick(f"s{i}", ENGINES) == "llm_b")
     stages = TwoThinkers(fail="llm_b")
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     with pytest.raises(StageFailedError, match=r"stage 'thinker' \(model llm_b\) failed"):
         run_all(pipeline, cfg, [tensors("x", **{OMNI.SESSION_ID: session.encode()})])
     assert pipeline.thinkers.in_flight == {"llm_a": 0, "llm_b": 0}
@@ -179,7 +181,7 @@ def test_a_failing_engine_is_named():
 def test_one_thinker_name_still_works():
     cfg = config(stages={"thinker": "llm"})
     stages = ScriptedStages(reply_tokens=2, token_delay=0)
-    (events,) = run_all(OmniPipeline(cfg, stages), cfg,
+    (events,) = run_all(OmniPipeline(cfg, stages, tiny_chat_prompt()), cfg,
                         [tensors("hi", **{OMNI.SESSION_ID: b"any"})])
     assert events[-1].metrics["thinker_model"] == "llm"
     assert [m for m, _ in stages.calls] == ["llm"]
@@ -216,7 +218,7 @@ def _session_on(engine: str) -> bytes:
 def test_a_session_whose_engine_is_down_is_served_by_the_next_one():
     cfg = engines_config()
     stages = FlakyThinkers(down={"llm_b"}, reply_tokens=3, token_delay=0)
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     session = {OMNI.SESSION_ID: _session_on("llm_b")}
     (events,) = run_all(pipeline, cfg, [tensors("hi", **session)])
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "w0 w1 w2 "
@@ -234,7 +236,7 @@ def test_a_session_whose_engine_is_down_is_served_by_the_next_one():
 def test_the_engine_gets_its_sessions_back_once_it_answers_again():
     cfg = engines_config(engine_retry_after_s=0.05)
     stages = FlakyThinkers(down={"llm_b"}, reply_tokens=2, token_delay=0)
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     session = {OMNI.SESSION_ID: _session_on("llm_b")}
     run_all(pipeline, cfg, [tensors("hi", **session)])
     stages.down.clear()  # it is back
@@ -249,7 +251,7 @@ def test_an_engine_that_fails_mid_reply_is_not_retried():
     cfg = engines_config()
     stages = FlakyThinkers(break_after={"llm_b": 2}, reply_tokens=5, token_delay=0)
     events: list = []
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     req = parse_request("r", tensors("hi", **{OMNI.SESSION_ID: _session_on("llm_b")}), cfg)
     with pytest.raises(StageFailedError, match=r"\(model llm_b\) failed: Socket closed") as e:
         asyncio.run(pipeline.run(req, events.append))
@@ -262,7 +264,7 @@ def test_an_engine_that_fails_mid_reply_is_not_retried():
 def test_every_engine_down_is_an_unavailable_error_after_trying_each_once():
     cfg = engines_config()
     stages = FlakyThinkers(down=set(ENGINES))
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     session = _session_on("llm_a")
     with pytest.raises(StageFailedError, match=r"\(model llm_b\) failed: failed to connect") as e:
         run_all(pipeline, cfg, [tensors("hi", **{OMNI.SESSION_ID: session})])
@@ -274,7 +276,7 @@ def test_every_engine_down_is_an_unavailable_error_after_trying_each_once():
 def test_a_rejected_request_is_not_sent_to_another_engine():
     cfg = engines_config()
     stages = TwoThinkers(fail="llm_b")  # INVALID_ARG: the request's fault, not the engine's
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
     with pytest.raises(StageFailedError, match="llm_b refuses"):
         run_all(pipeline, cfg, [tensors("x", **{OMNI.SESSION_ID: _session_on("llm_b")})])
     assert [m for m, _ in stages.thinker_calls] == ["llm_b"]
@@ -284,7 +286,7 @@ def test_a_rejected_request_is_not_sent_to_another_engine():
 def test_a_consumer_that_fails_closes_the_engines_stream_at_once():
     cfg = engines_config()
     stages = TwoThinkers(reply_tokens=50, token_delay=0.001)
-    pipeline = OmniPipeline(cfg, stages)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
 
     def emit(event):
         if isinstance(event, TextDelta):

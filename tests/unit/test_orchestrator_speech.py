@@ -19,10 +19,10 @@ from omni_serve.orchestrator.pipeline import (
     Final,
     OmniPipeline,
     TextDelta,
-    chat_prompt,
 )
 from omni_serve.orchestrator.request import parse_request
 from omni_serve.orchestrator.speech import THINKER_INPUTS, ThinkerRows
+from tests.unit.chat import tiny_chat_prompt
 from tests.unit.test_orchestrator import (
     SAMPLES_PER_CODE,
     ScriptedStages,
@@ -38,10 +38,6 @@ TALKER_CODES = 23
 CHUNKS = [(0, 0, 2, 3), (0, 3, 2, 8), (6, 2, 2, 13), (10, 3, 2, 18), (16, 2, 0, 23)]
 
 
-def fake_tokenize(text: str) -> list[int]:
-    return [sum(map(ord, word)) % 1000 for word in text.split()]
-
-
 def run_events(pipeline: OmniPipeline, cfg, **extra) -> list:
     events: list = []
     req = parse_request("r1", tensors(**extra), cfg)
@@ -54,7 +50,7 @@ def speak(stages: ScriptedStages | None = None, cfg=None, **extra) -> tuple[list
     cfg = cfg or config()
     stages = stages or ScriptedStages()
     extra.setdefault(OMNI.MODALITIES, ["text", "audio"])
-    return run_events(OmniPipeline(cfg, stages), cfg, **extra), stages
+    return run_events(OmniPipeline(cfg, stages, tiny_chat_prompt()), cfg, **extra), stages
 
 
 def audio_of(events: list) -> list[AudioChunk]:
@@ -253,15 +249,15 @@ def test_thinker_rows_are_ready_with_the_file_the_prompt_and_two_reply_tokens():
 # --- task "speech": read the text aloud -------------------------------------------------------
 
 def test_speech_reads_the_text_as_the_thinkers_reply_without_generating():
-    cfg = config(tokenizer="/some/tokenizer")
+    cfg = config()
     stages = ScriptedStages()
     words = " ".join(f"w{i}" for i in range(15))
-    events = run_events(OmniPipeline(cfg, stages, tokenize=fake_tokenize), cfg,
-                        text=words, **{OMNI.TASK: "speech"})
-    prompt = fake_tokenize(chat_prompt(cfg.system_prompt, words))
+    chat = tiny_chat_prompt()
+    events = run_events(OmniPipeline(cfg, stages, chat), cfg, text=words, **{OMNI.TASK: "speech"})
+    prompt = chat.encode(chat.render(cfg.system_prompt, words))
     (thinker,) = stages.thinker_requests()
     assert LLM.TEXT_INPUT not in thinker
-    assert thinker[LLM.PROMPT_TOKEN_IDS].tolist() == prompt + fake_tokenize(words)
+    assert thinker[LLM.PROMPT_TOKEN_IDS].tolist() == prompt + chat.encode(words)
     assert json.loads(thinker[LLM.SAMPLING_PARAMETERS][0]) == {"max_tokens": 1, "temperature": 0.0}
     for name in THINKER_INPUTS:
         assert thinker[name].tolist() == [True]
@@ -273,14 +269,14 @@ def test_speech_reads_the_text_as_the_thinkers_reply_without_generating():
     assert voiced_marks(events) == every_code_in_order()
     final = events[-1]
     assert isinstance(final, Final) and final.finish_reason == "stop"
-    assert final.metrics["usage"] == {"prompt_tokens": 15, "completion_tokens": 0}
+    assert final.metrics["usage"] == {"prompt_tokens": len(chat.encode(words)),
+                                      "completion_tokens": 0}
     assert not os.path.exists(stages.thinker_files[0])
 
 
 @pytest.mark.parametrize("overrides, task, message", [
-    ({"tokenizer": "/t"}, "sing", "unknown task 'sing'"),
-    ({}, "speech", "no talker (or no thinker tokenizer)"),
-    ({"tokenizer": "/t", "stages": {"thinker": "llm"}}, "speech", "no talker"),
+    ({}, "sing", "unknown task 'sing'"),
+    ({"stages": {"thinker": "llm"}}, "speech", "has no talker to read text aloud"),
 ])
 def test_bad_task_names_the_field(overrides, task, message):
     cfg = config(**overrides)
@@ -303,5 +299,5 @@ def test_chat_reports_the_thinkers_token_counts():
                            LLM.NUM_OUTPUT_TOKENS: np.array([n], np.uint32)}
                 yield out
 
-    events = run_events(OmniPipeline(cfg, Counting(reply_tokens=7)), cfg)
+    events = run_events(OmniPipeline(cfg, Counting(reply_tokens=7), tiny_chat_prompt()), cfg)
     assert events[-1].metrics["usage"] == {"prompt_tokens": 42, "completion_tokens": 7}

@@ -194,8 +194,9 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
     talker = (engine.get("stages") or {}).get("talker")
     thinker = (engine.get("stages") or {}).get("thinker")
     thinker = thinker[0] if isinstance(thinker, list) and thinker else thinker
-    if talker and "tokenizer" not in engine and isinstance(thinker, str) and thinker in models:
-        # task "speech" tokenizes the text to read with the thinker's tokenizer
+    if "tokenizer" not in engine and isinstance(thinker, str) and thinker in models:
+        # the thinker's chat template renders its prompts; task "speech" also
+        # tokenizes the text to read with its tokenizer
         engine["tokenizer"] = models[thinker]
     decoder = (engine.get("stages") or {}).get("audio_decoder")
     if decoder and decoder in models:

@@ -38,6 +38,8 @@ class LLMRequest:
     hidden_states_in_shm: bool = False
     # Omni extras: the prompt as token ids, and the media of a multimodal prompt.
     prompt_token_ids: list[int] | None = None
+    # a chat for the checkpoint's chat template (OpenAI message dicts)
+    messages: list[dict[str, Any]] | None = None
     media: Media | None = None
     return_input_token_ids: bool = False
     # a talker stage's request: the thinker's rows and prompt (llm/talker.py)
@@ -118,11 +120,17 @@ def parse_request(
     """
     prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
     token_ids = _token_ids(tensors.get(LLM.PROMPT_TOKEN_IDS))
+    messages = _messages(scalar(tensors, LLM.MESSAGES))
     talker = _talker(tensors, prompt, token_ids)
     if talker is not None:
         token_ids = None
-    if prompt is None and token_ids is None and talker is None:
-        raise RequestError(LLM.TEXT_INPUT, f"is required (or send {LLM.PROMPT_TOKEN_IDS})")
+    if messages is not None and (prompt is not None or token_ids is not None
+                                 or talker is not None):
+        raise RequestError(LLM.MESSAGES, f"send either it or {LLM.TEXT_INPUT} / "
+                                         f"{LLM.PROMPT_TOKEN_IDS}, not both")
+    if prompt is None and token_ids is None and talker is None and messages is None:
+        raise RequestError(LLM.TEXT_INPUT, f"is required (or send {LLM.PROMPT_TOKEN_IDS} or "
+                                           f"{LLM.MESSAGES})")
     if prompt is not None and token_ids is not None:
         raise RequestError(LLM.PROMPT_TOKEN_IDS, f"send either it or {LLM.TEXT_INPUT}, not both")
     if prompt is not None and not prompt:
@@ -151,7 +159,7 @@ def parse_request(
     )
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=token_ids,
-                      media=media, talker=talker, **flags)
+                      media=media, talker=talker, messages=messages, **flags)
 
 
 def _talker(tensors: dict[str, np.ndarray | None], prompt: str | None,
@@ -183,6 +191,32 @@ def _talker(tensors: dict[str, np.ndarray | None], prompt: str | None,
         image_grid_thw=_counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3"),
         audio_feature_lengths=_counts(LLM.AUDIO_FEATURE_LENGTHS,
                                       tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n"))
+
+
+def _messages(value: Any) -> list[dict[str, Any]] | None:
+    """The `messages` chat: a non-empty JSON array of {"role": str, "content": str or
+    [{"type": "text", "text": str}, ...]} objects (what the chat template reads)."""
+    raw = text(LLM.MESSAGES, value)
+    if raw is None:
+        return None
+    try:
+        chat = json.loads(raw)
+    except ValueError as exc:
+        raise RequestError(LLM.MESSAGES, f"invalid JSON: {exc}") from None
+    if not isinstance(chat, list) or not chat:
+        raise RequestError(LLM.MESSAGES, "must be a non-empty JSON array of messages")
+    for i, message in enumerate(chat):
+        where = f"{LLM.MESSAGES}[{i}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(where, 'must be an object with a string "role"')
+        content = message.get("content")
+        parts = content if isinstance(content, list) else None
+        if not isinstance(content, str) and (parts is None or not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in parts)):
+            raise RequestError(f"{where}.content", 'must be a string or a list of '
+                                                   '{"type": "text", "text": ...} parts')
+    return chat
 
 
 def _token_ids(arr: np.ndarray | None) -> list[int] | None:

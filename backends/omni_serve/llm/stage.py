@@ -23,8 +23,8 @@ from typing import Any
 from omni_serve import processes
 from omni_serve.contract import LLM, MAX_QUEUED_ARG
 from omni_serve.errors import RequestError, StageOverloadedError, StageUnavailableError
-from omni_serve.llm import hidden_states, sampling, talker, talker_engine, warmup
-from omni_serve.llm.media import MediaShapes, multi_modal_data
+from omni_serve.llm import hidden_states, render, sampling, talker, talker_engine, warmup
+from omni_serve.llm.media import MediaShapes
 from omni_serve.llm.metrics import NULL_METRICS, NullMetrics, Sink, StageMetrics, stat_logger_factory
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
@@ -239,11 +239,7 @@ class LLMStage:
             self.metrics.in_flight(len(self._live))
 
     async def _render_prompt(self, prompt: dict):
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-
-        parsed = parse_model_prompt(self.engine.model_config, prompt)
-        (engine_input,) = await self.engine.renderer.render_cmpl_async([parsed])
-        return engine_input
+        return await render.render_prompt(self.engine, prompt)
 
     async def _render(self, req: LLMRequest, params):
         if self.talker is not None:
@@ -256,17 +252,7 @@ class LLMStage:
         if req.talker is not None:
             raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
                                f"stage {self.name} is not a talker (engine_args \"talker\": true)")
-        if req.prompt_token_ids is not None:
-            vocab = self.engine.model_config.get_vocab_size()
-            if max(req.prompt_token_ids) >= vocab:
-                raise RequestError(LLM.PROMPT_TOKEN_IDS,
-                                   f"token ids must be below the vocabulary size {vocab}, "
-                                   f"got {max(req.prompt_token_ids)}")
-            return await self._render_prompt({"prompt_token_ids": req.prompt_token_ids})
-        if req.media is None:
-            return await self._render_prompt({"prompt": req.prompt})
-        data = multi_modal_data(req.media, req.prompt, self.media_shapes, self.name)
-        return await self._render_prompt({"prompt": req.prompt, "multi_modal_data": data})
+        return await render.render_request(self.engine, req, self.media_shapes, self.name)
 
     def _died(self, error: Exception) -> str:
         """Record the engine's death (once) and say what a request gets from now on."""

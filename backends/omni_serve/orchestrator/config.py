@@ -170,8 +170,9 @@ class OrchestratorConfig(BaseModel):
     triton_url: str | None = None
     # Stages on other servers, by model name (grpc transport only).
     remote: dict[str, RemoteStage] = Field(default_factory=dict)
-    # The thinker's tokenizer folder (written by omni-gen-repo): task "speech"
-    # turns the text to read into the thinker's token ids with it.
+    # The thinker's tokenizer folder (omni-gen-repo writes it; the orchestrator needs
+    # it): its chat template renders the thinker's prompts (orchestrator/prompt.py),
+    # and task "speech" turns the text to read into token ids with it.
     tokenizer: str | None = None
     # Qwen2.5-Omni's own (its model card): the talker speaks only with this one
     system_prompt: str = QWEN_OMNI_SYSTEM_PROMPT

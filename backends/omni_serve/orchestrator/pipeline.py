@@ -44,7 +44,8 @@ from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the
     TextDelta,
     Timings,
 )
-from omni_serve.orchestrator.request import OmniRequest, Turn
+from omni_serve.orchestrator.prompt import ChatPrompt, Media
+from omni_serve.orchestrator.request import OmniRequest
 from omni_serve.orchestrator.routing import EngineRouter
 from omni_serve.orchestrator.speech import (
     THINKER_INPUTS,
@@ -55,11 +56,6 @@ from omni_serve.orchestrator.speech import (
 )
 
 log = logging.getLogger(__name__)
-
-# Qwen2.5-Omni's prompt spans for media (the thinker's tokenizer has these tokens).
-AUDIO_SPAN = ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
-IMAGE_SPAN = ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
-
 
 def _first_error(group: BaseExceptionGroup) -> BaseException:
     """The first real error in a (nested) exception group (cancellations come last)."""
@@ -108,33 +104,14 @@ def _first(arr: np.ndarray | None, default: Any = None) -> Any:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def media_span(span: tuple[str, str, str]) -> str:
-    """`<|audio_bos|><|AUDIO|><|audio_eos|>`: the engine expands the placeholder to the
-    item's tokens."""
-    return "".join(span)
-
-
-def chat_prompt(system: str, user: str, history: Sequence[Turn] = ()) -> str:
-    """The thinker's ChatML prompt (Qwen2.5-Omni's template): the earlier turns, then `user`.
-
-    Each turn is `<|im_start|>{role}\n{content}<|im_end|>\n`, as in Qwen's chat
-    template, so turn N's prompt extends turn N-1's prompt + its reply and
-    the engine's prefix cache holds everything up to the new user turn.
-    """
-    turns = "".join(f"<|im_start|>{turn.role}\n{turn.content}<|im_end|>\n" for turn in history)
-    return (f"<|im_start|>system\n{system}<|im_end|>\n{turns}"
-            f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
-
-
 class OmniPipeline:
     """Runs requests through the stages named in `cfg.stages`."""
 
-    def __init__(self, cfg: OrchestratorConfig, client: StageClient,
-                 tokenize: Callable[[str], list[int]] | None = None):
+    def __init__(self, cfg: OrchestratorConfig, client: StageClient, prompt: ChatPrompt):
         self.cfg = cfg
         self.client = client
-        # the thinker's tokenizer (text -> ids), for task "speech"
-        self.tokenize = tokenize
+        # the thinker's chat template and tokenizer
+        self.prompt = prompt
         # which thinker engine serves a request (session affinity, else least busy)
         self.thinkers = EngineRouter(cfg.stages.thinkers, retry_after_s=cfg.engine_retry_after_s)
 
@@ -224,21 +201,21 @@ class OmniPipeline:
                                         outputs, t))
                 roles.append(role)
         media: dict[str, np.ndarray] = {}
-        parts = []
+        kinds: list[Media] = []
         for role, out in zip(roles, await asyncio.gather(*jobs)):
             if role == "audio_encoder":
                 features = np.asarray(out[ENCODER.FEATURES], dtype=np.float32)
                 features = features.reshape(features.shape[-2], features.shape[-1])
                 media[LLM.AUDIO_FEATURES] = features
                 media[LLM.AUDIO_FEATURE_LENGTHS] = np.array([features.shape[1]], dtype=np.int64)
-                parts.append(media_span(AUDIO_SPAN))
+                kinds.append("audio")
             else:
                 rows = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
                 media[LLM.IMAGE_EMBEDS] = rows.reshape(-1, rows.shape[-1])
                 media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
                                                        dtype=np.int64).reshape(1, 3)
-                parts.append(media_span(IMAGE_SPAN))
-        prompt = chat_prompt(self.cfg.system_prompt, "".join(parts) + req.text, req.history)
+                kinds.append("image")
+        prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
         return media, prompt
 
     # --- thinker ---------------------------------------------------------------------
@@ -344,12 +321,8 @@ class OmniPipeline:
         """(chat prompt ids, those + the text's ids): the thinker's prompt for voicing
         `req.text` itself, a chat turn whose reply is the text, so the talker reads it
         as if the thinker had written it."""
-        if self.tokenize is None:
-            raise StageFailedError("talker", self.cfg.stages.talker or "",
-                                   "no thinker tokenizer is loaded to read text aloud",
-                                   "UNAVAILABLE")
-        prompt = list(self.tokenize(chat_prompt(self.cfg.system_prompt, req.text)))
-        return prompt, prompt + list(self.tokenize(req.text))
+        prompt = self.prompt.encode(self.prompt.render(self.cfg.system_prompt, req.text))
+        return prompt, prompt + self.prompt.encode(req.text)
 
     # --- image generator -------------------------------------------------------------
     async def _draw(self, req: OmniRequest, reply: str, t: Timings) -> bytes:

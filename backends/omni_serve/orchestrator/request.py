@@ -126,9 +126,8 @@ def _task(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> str
     task = (value or "chat").strip().lower()
     if task not in OMNI.TASKS:
         raise RequestError(OMNI.TASK, f"unknown task {value!r}; allowed: {list(OMNI.TASKS)}")
-    if task == "speech" and not (cfg.stages.talker and cfg.tokenizer):
-        raise RequestError(OMNI.TASK, "this pipeline has no talker (or no thinker tokenizer) "
-                                      "to read text aloud")
+    if task == "speech" and not cfg.stages.talker:
+        raise RequestError(OMNI.TASK, "this pipeline has no talker to read text aloud")
     return task
 
 

@@ -1,0 +1,55 @@
+"""One request's prompt rendered into the vLLM engine's input.
+
+Runs on the omni_llm stage's event loop. What a request sends (token ids, a chat of
+OpenAI messages, or prompt text with its media) goes through the engine's own renderer:
+the chat through its chat template, as vLLM's OpenAI server renders it, the rest as
+vLLM's completion path does. A chat the template refuses is the request's error.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omni_serve.contract import LLM
+from omni_serve.errors import RequestError
+from omni_serve.llm.media import MediaShapes, multi_modal_data
+from omni_serve.llm.request import LLMRequest
+
+
+async def render_prompt(engine: Any, prompt: dict) -> Any:
+    """A completion prompt ({"prompt"} or {"prompt_token_ids"}, maybe with media)."""
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    parsed = parse_model_prompt(engine.model_config, prompt)
+    (engine_input,) = await engine.renderer.render_cmpl_async([parsed])
+    return engine_input
+
+
+async def render_chat(engine: Any, messages: list[dict]) -> Any:
+    """A chat, rendered by the checkpoint's chat template with the assistant's turn opened."""
+    from jinja2 import TemplateError
+    from vllm.renderers.params import ChatParams
+
+    params = ChatParams(chat_template_kwargs={"add_generation_prompt": True})
+    try:
+        _, (engine_input,) = await engine.renderer.render_chat_async([messages], params)
+    except (TemplateError, ValueError, TypeError, KeyError) as exc:
+        raise RequestError(LLM.MESSAGES, f"the chat template cannot render it: {exc}") from None
+    return engine_input
+
+
+async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes,
+                         stage: str) -> Any:
+    """The engine input of a (non-talker) request."""
+    if req.prompt_token_ids is not None:
+        vocab = engine.model_config.get_vocab_size()
+        if max(req.prompt_token_ids) >= vocab:
+            raise RequestError(LLM.PROMPT_TOKEN_IDS,
+                               f"token ids must be below the vocabulary size {vocab}, "
+                               f"got {max(req.prompt_token_ids)}")
+        return await render_prompt(engine, {"prompt_token_ids": req.prompt_token_ids})
+    if req.messages is not None:
+        return await render_chat(engine, req.messages)
+    if req.media is None:
+        return await render_prompt(engine, {"prompt": req.prompt})
+    data = multi_modal_data(req.media, req.prompt, media_shapes, stage)
+    return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
