@@ -5,6 +5,11 @@ leaves its worker processes re-parented to init: they are no longer this
 process's descendants, so whoever must end them keeps a snapshot taken while
 the engine lived. psutil.Process remembers each process's start time, so a
 recycled pid is never signalled.
+
+The first line of defence is the vLLM plugin omni_serve.llm.parent_death: the kernel
+ends each engine process with its parent (PR_SET_PDEATHSIG), even when the stub itself
+is killed. This snapshot is the fallback for where vLLM's plugins are turned off
+(VLLM_PLUGINS without ours) and the stage's own check at shutdown that nothing is left.
 """
 from __future__ import annotations
 

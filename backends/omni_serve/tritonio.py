@@ -19,7 +19,12 @@ from typing import Any
 import numpy as np
 
 from omni_serve import processes
-from omni_serve.contract import ENV_PARAMETER_PREFIX, StageContract
+from omni_serve.contract import (
+    DEFAULT_MAX_BATCH_SIZE,
+    ENGINE_ARGS_FILE,
+    ENV_PARAMETER_PREFIX,
+    StageContract,
+)
 from omni_serve.errors import (
     RequestCancelledError,
     RequestError,
@@ -84,8 +89,6 @@ def instance_device_env(args: dict) -> dict[str, str]:
 
 def stage_config(args: dict, config_class: type):
     """The stage's engine.json (next to config.pbtxt), validated by its typed config class."""
-    from omni_serve.contract import ENGINE_ARGS_FILE
-
     with open(os.path.join(args["model_repository"], ENGINE_ARGS_FILE)) as f:
         return config_class.model_validate(json.load(f))
 
@@ -100,8 +103,6 @@ def auto_complete(config, contract: StageContract):
     dynamic batching (its dims exclude the batch dimension); an engine-batched stage
     (vLLM) gets max_batch_size 0.
     """
-    from omni_serve.contract import DEFAULT_MAX_BATCH_SIZE
-
     current = config.as_dict()
     named_in = {t["name"] for t in current.get("input", [])}
     named_out = {t["name"] for t in current.get("output", [])}
