@@ -1,0 +1,196 @@
+"""Scenario `openai`: omni-openai + Triton vs `vllm serve`, text chat under NVIDIA AIPerf.
+
+Runs in the omni-bench process; starts, as children: tritonserver serving the text-chat
+preset with omni-openai in front, and vLLM's own OpenAI server (`python -m
+vllm.entrypoints.openai.api_server`) on the same checkpoint folder with the same engine
+arguments, without this project's vLLM plugins (VLLM_PLUGINS=""), as a user's vLLM
+install runs. Both stay up (idle engines sleep); each round runs every concurrency level
+on both, order alternating. AIPerf sends the same seeded synthetic chats (prompt and
+output lengths fixed, ignore_eos) to both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from omni_tools import aiperf
+from omni_tools.bench import plots
+from omni_tools.bench.scenario import Ratio, Results, Scenario
+from omni_tools.bench.stats import median
+
+SIDES = ("omni", "vllm")
+LABELS = {"omni": "omni-openai + Triton", "vllm": "vllm serve"}
+MODEL = "llm"  # the served name on both sides
+# engine.json keys that are the stage's own, not vLLM engine arguments
+STAGE_KEYS = {"model", "max_queued", "warmup", "worker_extension_cls"}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[8, 32])
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--isl", type=int, default=32, help="prompt tokens")
+    ap.add_argument("--osl", type=int, default=64, help="output tokens (ignore_eos)")
+    ap.add_argument("--rounds", type=int, default=2)
+
+
+def vllm_flags(engine_args: dict[str, Any]) -> list[str]:
+    """Engine arguments as `vllm serve` flags (True: the bare flag)."""
+    flags = []
+    for key, value in engine_args.items():
+        if key in STAGE_KEYS or value is False or value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+class VllmServer:
+    """vLLM's OpenAI server on a free port (a context manager)."""
+
+    def __init__(self, model: str, engine_args: dict[str, Any], log_path: Path):
+        from omni_tools.server import free_port
+
+        self.port = free_port()
+        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                    "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(self.port),
+                    *vllm_flags(engine_args)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> VllmServer:
+        env = {**os.environ, "VLLM_PLUGINS": ""}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}; see "
+                                   f"{self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2):
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.__exit__()
+        raise TimeoutError(f"vllm serve not answering after 300 s; see {self.log_path}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _measure(url: str, tokenizer: str, work: Path, args, concurrency: int) -> dict[str, Any]:
+    run = aiperf.profile(url, MODEL, tokenizer, work, requests=args.requests,
+                         concurrency=concurrency, isl=args.isl, osl=args.osl,
+                         warmup=min(concurrency, 8))
+    if run.returncode != 0:
+        raise RuntimeError(f"aiperf failed:\n{run.why()}")
+    s = run.summary
+    errors = [r for r in run.records if r.get("error")]
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]['error']}")
+    return {"tok_s": s["output_token_throughput"]["avg"],
+            "requests_s": s["request_throughput"]["avg"],
+            "ttft_p50_ms": s["time_to_first_token"]["p50"],
+            "ttft_p99_ms": s["time_to_first_token"]["p99"],
+            "itl_p50_ms": s["inter_token_latency"]["p50"],
+            "latency_p50_ms": s["request_latency"]["p50"],
+            "latency_p95_ms": s["request_latency"]["p95"],
+            "latency_p99_ms": s["request_latency"]["p99"]}
+
+
+def run(args: argparse.Namespace) -> Results:
+    from omni_tools import gen_repo, spec
+    from omni_tools.server import OpenAIFrontend, TritonServer
+
+    with tempfile.TemporaryDirectory(prefix="bench-openai-") as d:
+        work = Path(d)
+        repo = work / "repo"
+        gen_repo.generate(spec.load_preset("text-chat"), repo, force=True)
+        engine = json.loads((repo / MODEL / "engine.json").read_text())
+        model = engine["model"]
+        runs: dict[int, dict[str, list]] = {c: {s: [] for s in SIDES} for c in args.concurrency}
+        with TritonServer(repo, log_path=work / "tritonserver.log") as triton, \
+                OpenAIFrontend(triton.grpc_url, log_path=work / "omni-openai.log") as front, \
+                VllmServer(model, engine, work / "vllm.log") as vllm:
+            urls = {"omni": front.base_url, "vllm": vllm.base_url}
+            for rnd in range(args.rounds):
+                for c in args.concurrency:
+                    for side in (SIDES if rnd % 2 == 0 else SIDES[::-1]):
+                        m = _measure(urls[side], model, work / f"r{rnd}-c{c}-{side}", args, c)
+                        runs[c][side].append(m)
+                        print(f"openai round={rnd} c={c} {side:5s} {m['tok_s']:7.0f} tok/s "
+                              f"ttft p50 {m['ttft_p50_ms']:.0f} ms", flush=True)
+            vllm_cmd = " ".join(vllm.cmd[1:])
+    levels = {}
+    for c, by_side in runs.items():
+        level: dict[str, Any] = {}
+        for side, ms in by_side.items():
+            level[side] = {k: median([m[k] for m in ms]) for k in ms[0]}
+        per_round = [o["tok_s"] / v["tok_s"] for o, v in zip(by_side["omni"], by_side["vllm"])]
+        level["ratio"] = median(per_round)
+        level["ratio_per_round"] = per_round
+        levels[str(c)] = level
+    return {"model": model, "engine_args": {k: v for k, v in engine.items() if k != "model"},
+            "isl": args.isl, "osl": args.osl, "requests": args.requests, "rounds": args.rounds,
+            "vllm_command": vllm_cmd, "levels": levels}
+
+
+def ratios(results: Results) -> list[Ratio]:
+    level = results["levels"].get("32")
+    return [Ratio("omni-openai + Triton / vllm serve, output tok/s at concurrency 32",
+                  None if level is None else level["ratio"], 0.95,
+                  note="" if level is not None else "concurrency 32 not measured")]
+
+
+def table(results: Results) -> str:
+    rows = ["| concurrency | omni-openai + Triton tok/s | vllm serve tok/s | ratio (per round) "
+            "| TTFT p50 ms | ITL p50 ms | latency p99 ms |", "|---:|---:|---:|---|---|---|---|"]
+    for c, lv in results["levels"].items():
+        o, v = lv["omni"], lv["vllm"]
+        per = ", ".join(f"{r:.2f}" for r in lv["ratio_per_round"])
+        rows.append(f"| {c} | {o['tok_s']:.0f} | {v['tok_s']:.0f} | **{lv['ratio']:.2f}** ({per}) "
+                    f"| {o['ttft_p50_ms']:.0f} vs {v['ttft_p50_ms']:.0f} "
+                    f"| {o['itl_p50_ms']:.1f} vs {v['itl_p50_ms']:.1f} "
+                    f"| {o['latency_p99_ms']:.0f} vs {v['latency_p99_ms']:.0f} |")
+    return "\n".join(rows)
+
+
+def draw(results: Results, folder: Path) -> list[Path]:
+    levels = results["levels"]
+    xs = [int(c) for c in levels]
+    return [
+        plots.lines(folder / "openai_throughput.png", "Text chat: output tokens/s (AIPerf)",
+                    "concurrency", "output tokens/s", xs,
+                    {LABELS[s]: [levels[c][s]["tok_s"] for c in levels] for s in SIDES}),
+        plots.percentiles(folder / "openai_latency.png", "Text chat: request latency (AIPerf)",
+                          "ms", {f"{LABELS[s]} c={c}": [levels[c][s][f"latency_p{q}_ms"]
+                                                         for q in (50, 95, 99)]
+                                 for c in levels for s in SIDES}),
+    ]
+
+
+SCENARIO = Scenario(
+    name="openai", title="Text chat: omni-openai + Triton vs vllm serve (AIPerf)",
+    add_arguments=add_arguments, run=run, ratios=ratios, table=table, plots=draw,
+    quick=["--rounds", "2", "--requests", "96"])

@@ -1,0 +1,179 @@
+"""Scenarios measured by the stand-alone benchmark scripts in tools/ (bench_*.py).
+
+Runs in the omni-bench process; each script is a child process that starts its own
+servers and writes its JSON results, which omni-bench keeps as the scenario's results.
+`omni-bench llm -- --models qwen2-tiny` passes what follows `--` to the script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from omni_tools.bench import plots
+from omni_tools.bench.scenario import ROOT, Ratio, Results, Scenario
+
+
+def _script_scenario(name: str, script: str, title: str, quick: list[str],
+                     ratios: Callable[[Results], list[Ratio]],
+                     table: Callable[[Results], str],
+                     draw: Callable[[Results, Path], list[Path]] | None = None) -> Scenario:
+    def add_arguments(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help=f"arguments of tools/{script} (after --)")
+
+    def run(args: argparse.Namespace) -> Results:
+        extra = [a for a in args.script_args if a != "--"]
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as d:
+            out = Path(d) / "results.json"
+            cmd = [sys.executable, str(ROOT / "tools" / script), *extra, "--out", str(out)]
+            print("+", " ".join(cmd[1:]), flush=True)
+            subprocess.run(cmd, check=True, cwd=ROOT)
+            results = json.loads(out.read_text())
+        results["command"] = " ".join(["python", f"tools/{script}", *extra])
+        return results
+
+    return Scenario(name=name, title=title, add_arguments=add_arguments, run=run, quick=quick,
+                    ratios=ratios, table=table, plots=draw or (lambda results, folder: []))
+
+
+# --- llm: the omni_llm stage in tritonserver vs the same AsyncLLM in-process -----------
+
+def _llm_ratios(results: Results) -> list[Ratio]:
+    out = []
+    for r in results["results"]:
+        level = r["levels"].get("32")
+        out.append(Ratio(f"llm stage in Triton / AsyncLLM in-process, tok/s at concurrency 32 "
+                         f"({r['model']})", None if level is None else level["throughput_ratio"],
+                         0.95))
+    return out
+
+
+def _llm_table(results: Results) -> str:
+    rows = ["| model | concurrency | in-process tok/s | Triton tok/s | ratio (per round) | "
+            "TTFT p50 ms (in-process vs Triton) |", "|---|---:|---:|---:|---|---|"]
+    for r in results["results"]:
+        for c, lv in r["levels"].items():
+            per = ", ".join(f"{x:.2f}" for x in lv["throughput_ratio_per_round"])
+            rows.append(f"| {r['model']} | {c} | {lv['inprocess']['tok_s']:.0f} | "
+                        f"{lv['triton']['tok_s']:.0f} | **{lv['throughput_ratio']:.2f}** ({per}) | "
+                        f"{lv['inprocess']['ttft_p50_ms']:.0f} vs {lv['triton']['ttft_p50_ms']:.0f} |")
+    return "\n".join(rows)
+
+
+def _llm_plots(results: Results, folder: Path) -> list[Path]:
+    out = []
+    for r in results["results"]:
+        xs = [int(c) for c in r["levels"]]
+        out.append(plots.lines(
+            folder / f"llm_stage_{r['model']}.png", f"omni_llm stage vs in-process ({r['model']})",
+            "concurrency", "output tokens/s", xs,
+            {side: [lv[side]["tok_s"] for lv in r["levels"].values()]
+             for side in ("inprocess", "triton")}))
+    return out
+
+
+LLM = _script_scenario(
+    "llm", "bench_llm.py", "LLM stage: tritonserver vs the same vLLM AsyncLLM in-process",
+    ["--models", "qwen2-tiny", "--rounds", "2", "--concurrency", "1", "8", "32"],
+    _llm_ratios, _llm_table, _llm_plots)
+
+
+# --- dit: dynamic batching vs max_batch_size 1 -------------------------------------------
+
+def _dit_ratios(results: Results) -> list[Ratio]:
+    level = results["levels"].get("8")
+    return [Ratio("DiT stage dynamic batching / max_batch_size 1, images/s at concurrency 8",
+                  None if level is None else level["ratio"], 2.0)]
+
+
+def _dit_table(results: Results) -> str:
+    rows = ["| concurrency | batched images/s | max_batch_size 1 images/s | ratio (per round) |",
+            "|---:|---:|---:|---|"]
+    for c, lv in results["levels"].items():
+        per = ", ".join(f"{x:.2f}" for x in lv["ratio_per_round"])
+        rows.append(f"| {c} | {lv['batched_images_s']:.1f} | {lv['mbs1_images_s']:.1f} | "
+                    f"**{lv['ratio']:.2f}** ({per}) |")
+    return "\n".join(rows)
+
+
+def _dit_plots(results: Results, folder: Path) -> list[Path]:
+    levels = results["levels"]
+    return [plots.lines(folder / "dit_batching.png", "DiT stage: images/s", "concurrency",
+                        "images/s", [int(c) for c in levels],
+                        {"dynamic batching": [lv["batched_images_s"] for lv in levels.values()],
+                         "max_batch_size 1": [lv["mbs1_images_s"] for lv in levels.values()]})]
+
+
+DIT = _script_scenario("dit", "bench_dit.py", "DiT stage: Triton dynamic batching vs batch size 1",
+                       ["--rounds", "2", "--requests", "24"], _dit_ratios, _dit_table, _dit_plots)
+
+
+# --- dit-cache: FirstBlockCache speed and quality -------------------------------------------
+
+def _cache_table(results: Results) -> str:
+    rows = ["| threshold | speedup (uncached / cached time) | PSNR dB | SSIM |", "|---:|---:|---:|---:|"]
+    for r in results["rows"]:
+        rows.append(f"| {r['threshold']} | {r['speedup']:.2f} | {r['psnr_db']:.1f} | "
+                    f"{r['ssim']:.3f} |")
+    split = results.get("split_s", {})
+    if split:
+        rows.append("\nUncached time per image: " + ", ".join(
+            f"{k} {v * 1000:.0f} ms" for k, v in split.items()))
+    return "\n".join(rows)
+
+
+DIT_CACHE = _script_scenario("dit-cache", "bench_dit_cache.py",
+                             "DiT step cache (FirstBlockCache): speed and quality",
+                             ["--repeats", "2"], lambda results: [], _cache_table)
+
+
+# --- pipelining: omni-chat pipelined vs stage by stage, first audio ------------------------
+
+def _omni_ratios(results: Results) -> list[Ratio]:
+    levels = results["levels"]
+    at8, at1 = levels.get("8"), levels.get("1")
+    tokens = results.get("max_tokens")
+    return [Ratio("omni-chat pipelined / stage-by-stage, requests/s at concurrency 8",
+                  None if at8 is None else at8["throughput_ratio"], 1.5),
+            Ratio(f"omni-chat first audio / full response, p50 at concurrency 1 "
+                  f"({tokens}-token reply)",
+                  None if at1 is None else at1["pipelined"]["ttfa_over_total_p50"], 0.10, "<=")]
+
+
+def _omni_table(results: Results) -> str:
+    rows = ["| concurrency | mode | requests/s | first audio p50 s | total p50 s | "
+            "first audio / total | TTFT p50 s |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for c, lv in results["levels"].items():
+        for mode in ("pipelined", "sequential"):
+            m = lv[mode]
+            rows.append(f"| {c} | {mode} | {m['requests_s']:.2f} | {m['ttfa_p50']:.2f} | "
+                        f"{m['total_p50']:.2f} | {m['ttfa_over_total_p50']:.2f} | "
+                        f"{m['ttft_p50']:.3f} |")
+    return "\n".join(rows)
+
+
+def _omni_plots(results: Results, folder: Path) -> list[Path]:
+    levels = results["levels"]
+    xs = [int(c) for c in levels]
+    return [plots.lines(folder / "omni_pipelining.png", "omni-chat speech replies: requests/s",
+                        "concurrency", "requests/s", xs,
+                        {m: [lv[m]["requests_s"] for lv in levels.values()]
+                         for m in ("pipelined", "sequential")}),
+            plots.lines(folder / "omni_first_audio.png", "omni-chat: first audio and full reply",
+                        "concurrency", "seconds (p50)", xs,
+                        {"first audio (pipelined)": [lv["pipelined"]["ttfa_p50"]
+                                                     for lv in levels.values()],
+                         "full reply (pipelined)": [lv["pipelined"]["total_p50"]
+                                                    for lv in levels.values()],
+                         "first audio (sequential)": [lv["sequential"]["ttfa_p50"]
+                                                      for lv in levels.values()]})]
+
+
+PIPELINING = _script_scenario(
+    "pipelining", "bench_omni.py", "omni-chat: pipelined vs stage-by-stage, first audio",
+    ["--rounds", "2", "--max-tokens", "128"], _omni_ratios, _omni_table, _omni_plots)
