@@ -14,7 +14,7 @@ that every error is still a BadRequestError.
 Measured on the 2-core development machine (Triton 2.51, N=8000, T=4):
     strict (`triton_grpc_error: true`): Signal 11 after ~3700-4100 streams (6 s), twice
     plain (no header): 8000 streams, alive, 0 HandleCancellation lines
-    --sdk: see docs/benchmarks.md
+    --sdk: see docs/benchmarks-notes.md
 Upstream: triton-inference-server/server #7368, fixed in 24.12 by PR #7840.
 
     .venv/bin/python tools/stress_stream_errors.py --streams 8000 --threads 4 --strict

@@ -14,7 +14,7 @@ processes' timer wake-ups: while one request was generating, a client's
 `time.sleep(0.5)` returned after the whole 4 s reply, so streamed responses
 arrived in one burst at the end and a client's cancel went out after the
 engine had finished (measured with tools/bench_spin.py; see
-docs/benchmarks.md). Sleeping a few microseconds instead of yielding keeps
+docs/benchmarks-notes.md). Sleeping a few microseconds instead of yielding keeps
 the hand-over fast (the sleep ends within ~0.1 ms) and lets the kernel run
 everyone else.
 

@@ -121,7 +121,7 @@ class StageRoles(BaseModel):
 SharedMemory = Literal["auto", "system", "none"]
 
 
-# Measured (docs/benchmarks.md, "one server vs two"): a region saves 20-60 ms
+# Measured (docs/benchmarks-notes.md, "one server vs two"): a region saves 20-60 ms
 # per call for 16 MiB of mm_embeds but nothing at 0.5 MiB (its register RPC
 # costs what the copy saves), and costs 3-6 ms at 13 KiB.
 SHM_MIN_BYTES_DEFAULT = 1024 * 1024

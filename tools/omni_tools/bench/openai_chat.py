@@ -123,25 +123,27 @@ def run(args: argparse.Namespace) -> Results:
     from omni_tools import gen_repo, spec
     from omni_tools.server import OpenAIFrontend, TritonServer
 
-    with tempfile.TemporaryDirectory(prefix="bench-openai-") as d:
-        work = Path(d)
-        repo = work / "repo"
-        gen_repo.generate(spec.load_preset("text-chat"), repo, force=True)
-        engine = json.loads((repo / MODEL / "engine.json").read_text())
-        model = engine["model"]
-        runs: dict[int, dict[str, list]] = {c: {s: [] for s in SIDES} for c in args.concurrency}
-        with TritonServer(repo, log_path=work / "tritonserver.log") as triton, \
-                OpenAIFrontend(triton.grpc_url, log_path=work / "omni-openai.log") as front, \
-                VllmServer(model, engine, work / "vllm.log") as vllm:
-            urls = {"omni": front.base_url, "vllm": vllm.base_url}
-            for rnd in range(args.rounds):
-                for c in args.concurrency:
-                    for side in (SIDES if rnd % 2 == 0 else SIDES[::-1]):
-                        m = _measure(urls[side], model, work / f"r{rnd}-c{c}-{side}", args, c)
-                        runs[c][side].append(m)
-                        print(f"openai round={rnd} c={c} {side:5s} {m['tok_s']:7.0f} tok/s "
-                              f"ttft p50 {m['ttft_p50_ms']:.0f} ms", flush=True)
-            vllm_cmd = " ".join(vllm.cmd[1:])
+    # both engines get the same KV cache size (vLLM's CPU default is 4 GiB each)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    work = Path(tempfile.mkdtemp(prefix="omni-bench-openai-"))  # logs stay for a look
+    print(f"openai: logs and AIPerf artifacts in {work}", flush=True)
+    repo = work / "repo"
+    gen_repo.generate(spec.load_preset("text-chat"), repo, force=True)
+    engine = json.loads((repo / MODEL / "engine.json").read_text())
+    model = engine["model"]
+    runs: dict[int, dict[str, list]] = {c: {s: [] for s in SIDES} for c in args.concurrency}
+    with TritonServer(repo, log_path=work / "tritonserver.log") as triton, \
+            OpenAIFrontend(triton.grpc_url, log_path=work / "omni-openai.log") as front, \
+            VllmServer(model, engine, work / "vllm.log") as vllm:
+        urls = {"omni": front.base_url, "vllm": vllm.base_url}
+        for rnd in range(args.rounds):
+            for c in args.concurrency:
+                for side in (SIDES if rnd % 2 == 0 else SIDES[::-1]):
+                    m = _measure(urls[side], model, work / f"r{rnd}-c{c}-{side}", args, c)
+                    runs[c][side].append(m)
+                    print(f"openai round={rnd} c={c} {side:5s} {m['tok_s']:7.0f} tok/s "
+                          f"ttft p50 {m['ttft_p50_ms']:.0f} ms", flush=True)
+        vllm_cmd = " ".join(vllm.cmd[1:])
     levels = {}
     for c, by_side in runs.items():
         level: dict[str, Any] = {}

@@ -1,0 +1,46 @@
+"""omni-bench's pure parts: ratios against targets, engine flags, the generated page."""
+from __future__ import annotations
+
+import pytest
+
+from omni_tools.bench import openai_chat, report, scenario
+from omni_tools.bench.scenario import Ratio, Scenario
+
+
+@pytest.mark.parametrize("value,op,met", [
+    (1.0, ">=", True), (0.94, ">=", False), (0.08, "<=", True), (0.2, "<=", False),
+    (None, ">=", None)])
+def test_a_ratio_is_met_by_its_operator(value, op, met):
+    assert Ratio("r", value, 0.95 if op == ">=" else 0.10, op).met is met
+
+
+def test_vllm_serve_gets_the_engine_args_as_flags_without_the_stages_own():
+    flags = openai_chat.vllm_flags({"model": "/m", "max_model_len": 2048, "enforce_eager": True,
+                                    "trust_remote_code": False, "dtype": "float32",
+                                    "worker_extension_cls": "x.Y", "max_queued": 4})
+    assert flags == ["--max-model-len", "2048", "--enforce-eager", "--dtype", "float32"]
+
+
+def _openai_results(ratio32: float) -> dict:
+    side = {"tok_s": 1000.0, "requests_s": 10.0, "ttft_p50_ms": 50.0, "ttft_p99_ms": 90.0,
+            "itl_p50_ms": 7.0, "latency_p50_ms": 400.0, "latency_p95_ms": 500.0,
+            "latency_p99_ms": 600.0}
+    return {"command": "omni-bench openai", "levels": {
+        "32": {"omni": {**side, "tok_s": 1000.0 * ratio32}, "vllm": side, "ratio": ratio32,
+               "ratio_per_round": [ratio32, ratio32]}}}
+
+
+def test_the_page_lists_each_ratio_with_its_verdict_and_each_scenario(tmp_path, monkeypatch):
+    monkeypatch.setattr(scenario, "RESULTS_DIR", tmp_path / "results")
+    ran = Scenario(name="openai", title="Text chat", add_arguments=lambda ap: None,
+                   run=lambda args: {}, ratios=openai_chat.ratios, table=openai_chat.table)
+    never = Scenario(name="never", title="Never run", add_arguments=lambda ap: None,
+                     run=lambda args: {})
+    ran.save(_openai_results(0.80))
+    page = report.render([ran, never], "omni-bench all")
+    assert "| omni-openai + Triton / vllm serve, output tok/s at concurrency 32 | 0.80 | >= 0.95 " \
+           "| **short** |" in page
+    assert "## Text chat" in page and "| 32 | 800 | 1000 | **0.80** (0.80, 0.80)" in page
+    assert "Not run into this page: never." in page and "## Never run" not in page
+    ran.save(_openai_results(0.97))
+    assert "| 0.97 | >= 0.95 | met |" in report.render([ran], "omni-bench all")
