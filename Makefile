@@ -21,7 +21,7 @@ serve: repo
 	  --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=30 tests
 
 unit: setup
 	$(VENV)/bin/python -m pytest -q tests/unit
