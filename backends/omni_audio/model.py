@@ -37,7 +37,7 @@ class TritonPythonModel(StageModel):
         self.runner = AudioRunner(self.cfg)
         self._rate = np.array([[self.runner.sample_rate]], dtype=np.int32)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
-        self._seconds = m.counter("omni_audio_seconds_generated_total", "Seconds of audio returned")
+        self._seconds = m.counter("omni_audio_generated_seconds_total", "Seconds of audio returned")
         self._execute = BatchedExecute(
             m, "omni_audio",
             "Seconds spent in Token2Wav calls (real-time factor = compute / generated)",

@@ -48,6 +48,9 @@ class _TritonMetrics:
                                  "Per request: decode time / (output tokens - 1)", _LATENCY_BUCKETS)
         self._prompt = m.counter("omni_llm_prompt_tokens_total", "Prompt tokens processed")
         self._gen = m.counter("omni_llm_generation_tokens_total", "Tokens generated")
+        self._queue = m.histogram("omni_llm_queue_time_seconds",
+                                  "Per finished request: time in vLLM's waiting queue, queued to "
+                                  "first scheduled", _LATENCY_BUCKETS)
         self._running = m.gauge("omni_llm_engine_running_requests",
                                 "Requests the vLLM scheduler is running")
         self._waiting = m.gauge("omni_llm_engine_waiting_requests",
@@ -81,6 +84,9 @@ class _TritonMetrics:
 
     def in_flight(self, requests: int) -> None:
         self._in_flight.set(requests)
+
+    def queue_time(self, seconds: float) -> None:
+        self._queue.observe(seconds)
 
 
 def _response(req: LLMRequest, out: LLMOutput):

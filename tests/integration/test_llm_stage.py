@@ -188,3 +188,12 @@ def test_metrics_endpoint_shows_the_stage_metrics(url, text_chat_server):
     assert delta("omni_llm_time_to_first_token_seconds_count") == 1
     assert delta("omni_llm_time_per_output_token_seconds_count") == 1
     assert 0 < delta("omni_llm_time_to_first_token_seconds_sum") < 5
+    # vLLM's stat logger records the queue time just after the request's last step
+    queued = lambda m: metric(m, "omni_llm_queue_time_seconds_count")  # noqa: E731
+    deadline = time.monotonic() + 5
+    while queued(text_chat_server.metrics()) == queued(m0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    m2 = text_chat_server.metrics()
+    assert queued(m2) - queued(m0) == 1
+    waited = metric(m2, "omni_llm_queue_time_seconds_sum") - metric(m0, "omni_llm_queue_time_seconds_sum")
+    assert 0 < waited < 5

@@ -30,6 +30,7 @@ class StageMetrics(Protocol):
     def scheduler(self, running: int, waiting: int) -> None: ...
     def prefix_cache(self, queries: int, hits: int) -> None: ...
     def in_flight(self, requests: int) -> None: ...
+    def queue_time(self, seconds: float) -> None: ...
 
 
 class NullMetrics(StageMetrics):
@@ -45,8 +46,11 @@ def stat_logger_factory(metrics: Callable[[], StageMetrics]) -> Callable:
     Per engine step: running/waiting requests, and the prefix cache's queried
     and hit prompt tokens of the requests scheduled for the first time in
     that step (what vLLM's own vllm:prefix_cache_queries/_hits count;
-    preempted requests coming back are left out, as there). `metrics()` is
-    asked each step (the stage's own metrics are muted while it warms up).
+    preempted requests coming back are left out, as there); per request that
+    finished in the step, its time in the scheduler's waiting queue (first
+    QUEUED to first SCHEDULED, vLLM's vllm:request_queue_time_seconds; a
+    request that was never scheduled has none). `metrics()` is asked each
+    step (the stage's own metrics are muted while it warms up).
     """
     from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -55,13 +59,17 @@ def stat_logger_factory(metrics: Callable[[], StageMetrics]) -> Callable:
             self.engine_index = engine_index
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            sink = metrics()
             if scheduler_stats is not None:
-                sink = metrics()
                 sink.scheduler(scheduler_stats.num_running_reqs,
                                scheduler_stats.num_waiting_reqs)
                 cache = getattr(scheduler_stats, "prefix_cache_stats", None)
                 if cache is not None and (cache.queries or cache.hits):
                     sink.prefix_cache(cache.queries, cache.hits)
+            for finished in getattr(iteration_stats, "finished_requests", None) or ():
+                # <= 0: it ended (aborted) before it was scheduled (scheduled_ts 0)
+                if finished.queued_time > 0:
+                    sink.queue_time(finished.queued_time)
 
         def log_engine_initialized(self):
             pass
