@@ -30,7 +30,7 @@ lint: setup
 	$(VENV)/bin/ruff check backends omni_client tools tests
 
 bench: setup
-	$(VENV)/bin/python tools/bench_llm.py
+	$(VENV)/bin/omni-bench all
 
 clean:
 	rm -rf model_repository/build
