@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from omni_client._tensor import ArrayInput
 from omni_client.errors import BadRequestError
 from omni_client.types import TextDelta
 from omni_serve.contract import LLM, LLM_CONTRACT, TensorSpec
@@ -60,9 +61,7 @@ def _tensor(spec: TensorSpec, value: Any) -> grpcclient.InferInput:
     if spec.np_dtype is np.object_ and isinstance(value, str):
         value = value.encode("utf-8")
     array = np.array([value], dtype=spec.np_dtype).reshape(spec.dims)
-    tensor = grpcclient.InferInput(spec.name, list(spec.dims), spec.wire_dtype)
-    tensor.set_data_from_numpy(array)
-    return tensor
+    return ArrayInput(spec.name, array, spec.wire_dtype)
 
 
 def history_json(history: Sequence[Mapping[str, Any]], new_turn: str | None = None) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from omni_client import _llm_io
+from omni_client._tensor import ArrayInput
 from omni_client.errors import BadRequestError
 from omni_client.types import AudioChunk, CodecIds, Event, Final, ImageOutput, TextDelta, Usage
 from omni_serve.contract import DIT, DIT_CONTRACT, LLM, OMNI, OMNI_CONTRACT, StageContract
@@ -50,9 +51,7 @@ def _tensor(contract: StageContract, name: str, value: Any, batched: bool) -> gr
     array = array.reshape(-1) if -1 in spec.dims else array.reshape(spec.dims)
     if batched:
         array = array[np.newaxis]
-    tensor = grpcclient.InferInput(spec.name, list(array.shape), spec.wire_dtype)
-    tensor.set_data_from_numpy(array)
-    return tensor
+    return ArrayInput(spec.name, array, spec.wire_dtype)
 
 
 def _tensors(contract: StageContract, values: Mapping[str, Any], *, batched: bool = False

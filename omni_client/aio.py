@@ -1,6 +1,8 @@
 """AsyncOmniClient: the asyncio twin of OmniClient (same calls, same events, same errors).
 
-Runs in the caller's event loop over tritonclient's grpc.aio client. One
+Runs in the caller's event loop over tritonclient's grpc.aio client (unary
+calls, server requests) and, for streams, omni_serve.grpc_stream on a
+StreamChannel of its own (both opened with the client, closed with it). One
 request per gRPC stream: the request is written, responses are read until the
 one flagged `triton_final_response`, and leaving early (an exception, a
 timeout, the caller breaking out of `async for`, a cancelled task) cancels
@@ -29,9 +31,10 @@ from omni_client._base import (
     completion,
 )
 from omni_client._calls import ModelInfo, Prepared
+from omni_client._tensor import arrays_by_name
 from omni_client.errors import OmniClientError, UnavailableError, from_triton
 from omni_client.types import ChatResult, Completion, Event, ImageOutput, SpeechResult, TextDelta
-from omni_serve.grpc_stream import StreamError, stream_request, strict_errors_safe
+from omni_serve.grpc_stream import StreamChannel, StreamError, stream_request, strict_errors_safe
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class AsyncOmniClient(ClientBase):
                          retry_backoff_s=retry_backoff_s,
                          strict_stream_errors=strict_stream_errors)
         self._client = grpcaio.InferenceServerClient(url, verbose=verbose)
+        self._streams = StreamChannel(url)  # tritonclient's default channel arguments
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -66,9 +70,10 @@ class AsyncOmniClient(ClientBase):
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel; running calls fail with an OmniClientError."""
+        """Close the channels; running calls fail with an OmniClientError."""
         if not self._closed:
             self._closed = True
+            await self._streams.close()
             await self._client.close()
 
     # --- calls -----------------------------------------------------------------------
@@ -227,9 +232,11 @@ class AsyncOmniClient(ClientBase):
         request_id = request_id or uuid.uuid4().hex
         strict = await self._strict_errors()
         try:
-            async for result in stream_request(self._client, prepared.model, prepared.inputs,
-                                               prepared.outputs, request_id=request_id,
-                                               timeout_s=wait_s, strict=strict):
+            async for result in stream_request(self._streams.stub, prepared.model,
+                                               arrays_by_name(prepared.inputs),
+                                               [o.name() for o in prepared.outputs],
+                                               request_id=request_id, timeout_s=wait_s,
+                                               strict=strict):
                 yield result
         except TimeoutError:
             raise self._timed_out(prepared.model, wait_s, request_id) from None

@@ -117,7 +117,8 @@ def test_only_large_numeric_inputs_go_to_shared_memory():
 # --- the regions --------------------------------------------------------------------
 
 class FakeServer:
-    """The parts of tritonclient.grpc.aio.InferenceServerClient the stage client uses."""
+    """The parts of tritonclient.grpc.aio.InferenceServerClient the stage client uses, and of
+    its StreamChannel (whose `stub` has ModelStreamInfer)."""
 
     def __init__(self, *, register_error: InferenceServerException | None = None,
                  busy: int = 0, stream=None):
@@ -133,7 +134,7 @@ class FakeServer:
         self.ready_asked: list[str] = []
         self.version = "2.51.0"  # what get_server_metadata answers
         self.stream_metadata: list = []  # the metadata each stream was opened with
-        self._client_stub = self
+        self.stub = self
 
     async def get_server_metadata(self, headers=None, as_json=False, client_timeout=None):
         return {"name": "triton", "version": self.version, "extensions": []}
@@ -179,6 +180,7 @@ def client_for(server: FakeServer, mode: str = "auto", min_bytes: int = 64 * KIB
                abort_grace_s: float = 0.2) -> GrpcStageClient:
     client = GrpcStageClient("127.0.0.1:8001", mode, min_bytes, abort_grace_s=abort_grace_s)
     client._client = server
+    client._stream_channel = server
     return client
 
 
@@ -401,7 +403,7 @@ def test_a_cancel_that_lands_as_a_response_arrives_is_not_lost():
     got = []
 
     async def consume():
-        async for result in stream_request(server, "llm", [], [], request_id="r", timeout_s=30):
+        async for result in stream_request(server, "llm", {}, [], request_id="r", timeout_s=30):
             got.append(result)
 
     async def go():

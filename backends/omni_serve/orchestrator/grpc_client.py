@@ -1,12 +1,14 @@
 """The orchestrator's StageClient over Triton gRPC (runs on the orchestrator's event loop).
 
-Every stage call is an ordinary Triton gRPC request (tritonclient's asyncio
-client and Triton's service stub), to this server (the default: its gRPC
-endpoint is read from the tritonserver command line) or to another one. No
-Python-backend objects cross threads. Errors keep their gRPC status: from the
-`triton_grpc_error` stream header on a server that survives it (Triton >=
-2.53, asked once per server), else read back from the in-band message
-(omni_serve.errors.code_of_message).
+Every stage call is an ordinary Triton gRPC request, to this server (the
+default: its gRPC endpoint is read from the tritonserver command line) or to
+another one: unary calls and server requests through tritonclient's asyncio
+client, streams through omni_serve.grpc_stream on a StreamChannel of their
+own (each created on first use, with the same channel arguments, and closed
+with this client). No Python-backend objects cross threads. Errors keep their
+gRPC status: from the `triton_grpc_error` stream header on a server that
+survives it (Triton >= 2.53, asked once per server), else read back from the
+in-band message (omni_serve.errors.code_of_message).
 
 Calls are stopped without gRPC cancels, because Triton 2.51 can abort the
 server when a cancel races a request's completion (upstream issue #7368): a
@@ -64,15 +66,9 @@ STUB_POLL_S = 0.25
 
 def _channel_args() -> list[tuple[str, int]]:
     """tritonclient's own channel arguments, with a reconnect back-off capped."""
-    import tritonclient.grpc as grpcclient
+    from omni_serve.grpc_stream import channel_args
 
-    keepalive = grpcclient.KeepAliveOptions()
-    return [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+    return [*channel_args(),
             ("grpc.initial_reconnect_backoff_ms", min(250, RECONNECT_BACKOFF_MAX_MS)),
             ("grpc.min_reconnect_backoff_ms", min(250, RECONNECT_BACKOFF_MAX_MS)),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS)]
@@ -95,6 +91,7 @@ class GrpcStageClient:
         self.stubs = stubs  # this server's stub registry (its own stages only)
         self._taken_down: dict[str, asyncio.Task] = {}
         self._client = None
+        self._stream_channel = None  # omni_serve.grpc_stream.StreamChannel, on first stream
         self.shm_mode = shared_memory
         self.shm_min_bytes = shared_memory_min_bytes
         self.shm: ShmRegions | None = ShmRegions() if use_shared_memory(shared_memory, url) else None
@@ -110,6 +107,14 @@ class GrpcStageClient:
             self._client = grpcaio.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
+    def _stream_stub(self):
+        """The service stub of this client's StreamChannel (created on first use)."""
+        if self._stream_channel is None:
+            from omni_serve.grpc_stream import StreamChannel
+
+            self._stream_channel = StreamChannel(self.url, _channel_args())
+        return self._stream_channel.stub
+
     async def _strict_errors(self) -> bool:
         if self._strict is None:
             from omni_serve.grpc_stream import strict_errors_safe
@@ -118,29 +123,53 @@ class GrpcStageClient:
         return bool(self._strict)
 
     @staticmethod
-    def _inputs(inputs: dict[str, np.ndarray], region: str | None = None,
-                offsets: dict[str, int] | None = None):
+    def _inputs(placed: dict):
+        """`placed` (see _placed) as tritonclient InferInputs, for a unary call."""
         import tritonclient.grpc as grpcclient
 
+        from omni_serve.grpc_stream import SharedMemoryInput
+
         out = []
+        for name, value in placed.items():
+            if isinstance(value, SharedMemoryInput):
+                tensor = grpcclient.InferInput(name, list(value.shape), value.datatype)
+                tensor.set_shared_memory(value.region, value.byte_size, value.offset)
+            else:
+                tensor = grpcclient.InferInput(name, list(value.shape),
+                                               np_to_triton_dtype(value.dtype))
+                tensor.set_data_from_numpy(value)
+            out.append(tensor)
+        return out
+
+    @staticmethod
+    def _located(inputs: dict[str, np.ndarray], region: str | None = None,
+                 offsets: dict[str, int] | None = None) -> dict:
+        """Each input by name: its array (inline), or where it lies in `region`."""
+        from omni_serve.grpc_stream import SharedMemoryInput
+
+        out: dict = {}
         for name, arr in inputs.items():
             arr = np.asarray(arr)
-            wire = np_to_triton_dtype(arr.dtype)
-            tensor = grpcclient.InferInput(name, list(arr.shape), wire)
             if region is not None and offsets and name in offsets:
-                tensor.set_shared_memory(region, arr.nbytes, offsets[name])
+                out[name] = SharedMemoryInput(np_to_triton_dtype(arr.dtype), tuple(arr.shape),
+                                              region, arr.nbytes, offsets[name])
             else:
-                tensor.set_data_from_numpy(arr)
-            out.append(tensor)
+                out[name] = arr
         return out
 
     async def _place(self, inputs: dict[str, np.ndarray]):
         """The call's InferInputs and its shared-memory region (None: all inline)."""
+        placed, region = await self._placed(inputs)
+        return self._inputs(placed), region
+
+    async def _placed(self, inputs: dict[str, np.ndarray]):
+        """The call's inputs by name (numpy arrays inline, SharedMemoryInputs placed) and
+        its shared-memory region (None: all inline)."""
         if self.shm is None:
-            return self._inputs(inputs), None
+            return self._located(inputs), None
         offsets, size = shm_layout(inputs, self.shm_min_bytes)
         if not offsets:
-            return self._inputs(inputs), None
+            return self._located(inputs), None
         from tritonclient.utils import InferenceServerException
         from tritonclient.utils.shared_memory import SharedMemoryException
 
@@ -152,7 +181,7 @@ class GrpcStageClient:
                                                  f"{e} ({e.__cause__})") from e
             log.warning("no system shared memory for this call to %s (%s: %s); sending its "
                         "inputs over gRPC", self.url, e, e.__cause__)
-            return self._inputs(inputs), None
+            return self._located(inputs), None
         except InferenceServerException as e:
             code = exc_code(e)
             if self.shm_mode == "system" or code == "UNAVAILABLE":
@@ -161,8 +190,8 @@ class GrpcStageClient:
             log.warning("%s cannot use this host's shared memory (%s); sending inputs over "
                         "gRPC from now on", self.url, e.message())
             self.shm = None
-            return self._inputs(inputs), None
-        return self._inputs(inputs, region, offsets), region
+            return self._located(inputs), None
+        return self._located(inputs, region, offsets), region
 
     def _release(self, region: str | None) -> None:
         if region is not None and self.shm is not None:
@@ -213,9 +242,9 @@ class GrpcStageClient:
         does not end it within `abort_grace_s` has its call cancelled.
         """
         self._check_stubs(model)
-        infer_inputs, region = await self._place(inputs)
+        placed, region = await self._placed(inputs)
         responses: asyncio.Queue = asyncio.Queue()
-        reader = asyncio.ensure_future(self._read(model, infer_inputs, outputs, request_id,
+        reader = asyncio.ensure_future(self._read(model, placed, outputs, request_id,
                                                   timeout_s, responses))
         answered = False
         ended = False
@@ -254,18 +283,15 @@ class GrpcStageClient:
                 except Exception:  # a cleanup hook never breaks the client
                     log.exception("the unread-response hook failed")
 
-    async def _read(self, model: str, infer_inputs, outputs: Sequence[str], request_id: str,
+    async def _read(self, model: str, placed: dict, outputs: Sequence[str], request_id: str,
                     timeout_s: float, responses: asyncio.Queue) -> None:
         """Put ("result", r) for every response, then ("end", None) or ("error", exc)."""
-        import tritonclient.grpc as grpcclient
-
         from omni_serve.grpc_stream import stream_request
 
         try:
             strict = await self._strict_errors()
             async for result in stream_request(
-                    self._connect(), model, infer_inputs,
-                    [grpcclient.InferRequestedOutput(o) for o in outputs],
+                    self._stream_stub(), model, placed, list(outputs),
                     request_id=request_id, timeout_s=timeout_s, strict=strict):
                 responses.put_nowait(("result", result))
             responses.put_nowait(("end", None))
@@ -304,7 +330,7 @@ class GrpcStageClient:
             return
         try:
             async with asyncio.timeout(self.abort_grace_s):
-                async for _ in stream_request(self._connect(), model, [], [], request_id="",
+                async for _ in stream_request(self._stream_stub(), model, {}, [], request_id="",
                                               timeout_s=self.abort_grace_s,
                                               parameters={LLM.ABORT_PARAMETER: request_id},
                                               strict=bool(self._strict)):
@@ -382,6 +408,8 @@ class GrpcStageClient:
 
     async def close(self) -> None:
         await self.drain_stops()
+        if self._stream_channel is not None:
+            await self._stream_channel.close()
         if self._client is not None:
             if self.shm is not None:
                 await self.shm.close(self._client)
