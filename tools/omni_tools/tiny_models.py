@@ -212,6 +212,18 @@ def _build_qwen25_omni_tiny(out: Path) -> None:
     tiny_omni.build_omni_checkpoint(out, token2wav_dir=out / "token2wav")
 
 
+@register("qwen2.5-omni-0.5b-random", version=1,
+          description="Qwen2.5-Omni whose thinker has Qwen2.5-0.5B's text shapes (~2.5 GB fp32)")
+def _build_qwen25_omni_05b_random(out: Path) -> None:
+    """qwen2.5-omni-tiny's layout and towers, talker and Token2Wav, but the thinker's text
+    model has Qwen2.5-0.5B's shapes (tiny_omni.QWEN25_05B_TEXT; untied head, ~630M
+    parameters): per-token compute as a small real model, for benchmarks."""
+    from omni_tools import tiny_omni, tiny_token2wav
+
+    tiny_token2wav.build_token2wav(out / "token2wav", codec_vocab=OMNI_CODEC_VOCAB)
+    tiny_omni.build_omni_checkpoint(out, token2wav_dir=out / "token2wav", thinker_shape="0.5b")
+
+
 # --------------------------------------------------------------------------
 # diffusion pipelines
 # --------------------------------------------------------------------------

@@ -97,6 +97,16 @@ TINY_MAX_PIXELS = 28 * 28 * 32
 # Whisper features: 128 mel bins at 16 kHz, 100 frames/s; 1 s of audio -> 25 tokens.
 # As the real Qwen2.5-Omni: the processor takes clips up to 300 s.
 TINY_AUDIO_CHUNK_SECONDS = 300
+# The thinker's text model with Qwen2.5-0.5B's shapes (hidden 896, 24 layers, 14 heads of
+# 64, 2 KV heads, its 151936-token vocabulary): per-token compute as a small real LM, for
+# benchmarks (omni-bench transformers). Head dim 64, so TINY_MROPE_SECTION still fits; the
+# narrow init keeps 24 random layers finite; the head stays untied, as the tiny one.
+QWEN25_05B_TEXT: dict[str, Any] = {
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+    "initializer_range": 0.02,
+}
+THINKER_SHAPES: dict[str, dict[str, Any]] = {"tiny": {}, "0.5b": QWEN25_05B_TEXT}
 
 
 
@@ -131,21 +141,30 @@ def build_omni_tokenizer(model_max_length: int = TINY_MAX_LEN) -> PreTrainedToke
     return tokenizer
 
 
-def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
-    """The tiny Qwen2_5OmniThinkerConfig, its token ids taken from `tokenizer`."""
+def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase, shape: str = "tiny") -> Any:
+    """The tiny Qwen2_5OmniThinkerConfig, its token ids taken from `tokenizer`.
+
+    `shape` "0.5b": the text model takes QWEN25_05B_TEXT's shapes (towers stay tiny).
+    """
     from transformers import Qwen2_5OmniThinkerConfig
 
     ids = special_ids(tokenizer)
     tok = tokenizer.convert_tokens_to_ids
-    heads = 2
+    text = {
+        "vocab_size": padded_vocab_size(tokenizer),
+        "hidden_size": TINY_TEXT_HIDDEN,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        # Untied head and a wide init (as qwen2-tiny): greedy output varies.
+        "initializer_range": 0.5,
+        **THINKER_SHAPES[shape],
+    }
+    hidden, heads = text["hidden_size"], text["num_attention_heads"]
     config = Qwen2_5OmniThinkerConfig(
         text_config={
-            "vocab_size": padded_vocab_size(tokenizer),
-            "hidden_size": TINY_TEXT_HIDDEN,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": heads,
-            "num_key_value_heads": 1,
+            **text,
             "max_position_embeddings": TINY_MAX_LEN,
             "rms_norm_eps": 1e-6,
             "rope_parameters": {
@@ -153,9 +172,7 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
                 "rope_theta": 1000000.0,
                 "mrope_section": list(TINY_MROPE_SECTION),
             },
-            # Untied head and a wide init (as qwen2-tiny): greedy output varies.
             "tie_word_embeddings": False,
-            "initializer_range": 0.5,
             **ids,
         },
         vision_config={
@@ -163,7 +180,7 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
             "hidden_size": 32,
             "intermediate_size": 64,
             "num_heads": 2,
-            "out_hidden_size": TINY_TEXT_HIDDEN,
+            "out_hidden_size": hidden,
             "fullatt_block_indexes": [1],  # block 0 windowed, block 1 full, as the real tower mixes
             # Narrower than the text init: merged rows come out at about the
             # scale of the text embeddings, so both matter to the LM.
@@ -175,7 +192,7 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
             "encoder_ffn_dim": 64,
             "d_model": 32,
             "num_mel_bins": 128,
-            "output_dim": TINY_TEXT_HIDDEN,
+            "output_dim": hidden,
             "initializer_range": 0.1,
         },
         image_token_index=tok(IMAGE_TOKEN),
@@ -187,10 +204,10 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
         vision_end_token_id=tok(VISION_EOS_TOKEN),
         user_token_id=tok("user"),
         tie_word_embeddings=False,
-        initializer_range=0.5,
+        initializer_range=text["initializer_range"],
         **ids,
     )
-    if config.text_config.hidden_size // heads != 2 * sum(TINY_MROPE_SECTION):
+    if hidden // heads != 2 * sum(TINY_MROPE_SECTION):
         raise ValueError("mrope_section must sum to head_dim / 2")
     config.architectures = ["Qwen2_5OmniThinkerForConditionalGeneration"]
     config.dtype = "float32"
@@ -326,7 +343,8 @@ def quiet_non_audio_codes(talker: Any, audio_codes: int) -> None:
                 talker.codec_head.weight[i].zero_()
 
 
-def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = DEFAULT_SEED) -> None:
+def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = DEFAULT_SEED,
+                          thinker_shape: str = "tiny") -> None:
     """Write a tiny Qwen2_5OmniForConditionalGeneration checkpoint into `out`, in the hub layout.
 
     `config.json` (Qwen2_5OmniConfig), one `model.safetensors` with the
@@ -335,7 +353,8 @@ def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = DEFAULT
     and `preprocessor_config.json` (Qwen2_5OmniProcessor's image and audio
     settings). The thinker is the one `build_omni_thinker` draws (same seed),
     the Token2Wav and voices are the ones in `token2wav_dir`
-    (tiny_token2wav.build_token2wav), the talker is drawn here.
+    (tiny_token2wav.build_token2wav), the talker is drawn here. `thinker_shape`
+    "0.5b": the thinker's text model has Qwen2.5-0.5B's shapes (tiny_thinker_config).
     """
     import torch
     from safetensors.torch import load_file
@@ -350,7 +369,7 @@ def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = DEFAULT
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_omni_tokenizer(TINY_MAX_LEN)
-    thinker_config = tiny_thinker_config(tokenizer)
+    thinker_config = tiny_thinker_config(tokenizer, thinker_shape)
     config = tiny_omni_config(thinker_config)
     torch.manual_seed(seed)
     thinker = Qwen2_5OmniThinkerForConditionalGeneration(thinker_config).eval()

