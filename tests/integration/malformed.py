@@ -545,9 +545,32 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
                                                f"with text, to a non-talker: {b!r}"))),
         "speaker": st.one_of(st.text(min_size=1, max_size=16).map(str.encode), non_utf8()).map(
             lambda b: r.attack("speaker", text(b), f"to a non-talker: {b!r}")),
+        "messages": _messages_values(r, no_text["drop"]),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
     return r
+
+
+def bad_chat() -> st.SearchStrategy[str]:
+    """What the llm stage's `messages` input must refuse: not a JSON array of messages."""
+    turn = {"role": "user", "content": "hello"}
+    return st.one_of(
+        bad_json(), json_not_object().filter(lambda s: not s.startswith("[")),
+        st.sampled_from([[], [1], ["hi"], [{"content": "x"}], [{"role": 3, "content": "x"}],
+                         [{"role": "user", "content": 5}], [{"role": "user"}],
+                         [{"role": "user", "content": [{"type": "image_url"}]}],
+                         [turn, None]]).map(json.dumps))
+
+
+def _messages_values(r: Recipe, drop: tuple[str, ...], *, talker: bool = False) -> AttackStrategy:
+    """A chat instead of the prompt: malformed, or beside a prompt it must not join."""
+    chat = text(json.dumps([{"role": "user", "content": "hello"}]))
+    if talker:
+        return st.just(r.attack("messages", chat, "to a talker"))
+    return st.one_of(
+        r.values_of("messages", st.one_of(bad_chat().map(str.encode), non_utf8()), text,
+                    "bad chat", drop=drop),
+        st.just(r.attack("messages", chat, "and text_input too")))
 
 
 def _text_only_media_values(r: Recipe) -> dict[str, AttackStrategy]:
@@ -684,6 +707,7 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
                 ("thinker_hidden_states_file",)))),
         "thinker_hidden_states_file": r.values_of("thinker_hidden_states_file", paths, text,
                                                   "not a capture file"),
+        "messages": _messages_values(r, (), talker=True),
         "speaker": r.values_of("speaker", st.one_of(not_a_name().map(str.encode), non_utf8()),
                                text, "unknown speaker"),
         "image_embeds": st.just(r.attack("image_embeds", floats(np.ones((4, 8))), "to a talker")),
