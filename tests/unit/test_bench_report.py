@@ -44,3 +44,39 @@ def test_the_page_lists_each_ratio_with_its_verdict_and_each_scenario(tmp_path, 
     assert "Not run into this page: never." in page and "## Never run" not in page
     ran.save(_openai_results(0.97))
     assert "| 0.97 | >= 0.95 | met |" in report.render([ran], "omni-bench all")
+
+
+def _vllm_omni_results(diffusion_ran: bool) -> dict:
+    from omni_tools.bench import vllm_omni
+
+    diffusion = ({"ran": True, "levels": {"1": {"images_s": 10.0}, "8": {"images_s": 30.0}},
+                  "shim_applied": ["a stub"]} if diffusion_ran else
+                 {"ran": False, "error": "RuntimeError: boom", "where": ["x.py:1 in f"],
+                  "root_causes": ["RuntimeError: Not support device type: cpu (at w.py:112)"]})
+    results = {"paths": {"diffusion": diffusion,
+                         "omni": {"ran": False, "error": "RuntimeError: init failed",
+                                  "root_causes": ["RuntimeError: Not support device type: cpu"]}},
+               "ours": {"levels": {"1": {"images_s": 15.0}, "8": {"images_s": 45.0}}},
+               "psnr_db": None, "vllm_omni_version": "0.30.0", "vllm_version": "0.32"}
+    results["notes"] = vllm_omni._notes(results["paths"], results["ours"], None)
+    return results
+
+
+def test_vllm_omni_ratios_are_ours_over_theirs_and_name_what_did_not_run():
+    from omni_tools.bench import vllm_omni
+
+    results = _vllm_omni_results(diffusion_ran=True)
+    assert [r.value for r in vllm_omni.ratios(results)] == [1.5, 1.5]
+    table = vllm_omni.table(results)
+    assert "| 8 | 30.0 | 45.0 | **1.50** |" in table
+    assert "Qwen2.5-Omni thinker->talker->code2wav (Omni, qwen2.5-omni-tiny): did not run: " \
+           "RuntimeError: Not support device type: cpu" in table
+
+
+def test_vllm_omni_ratios_are_not_measured_when_its_diffusion_path_failed():
+    from omni_tools.bench import vllm_omni
+
+    results = _vllm_omni_results(diffusion_ran=False)
+    ratios = vllm_omni.ratios(results)
+    assert [r.value for r in ratios] == [None, None]
+    assert "did not run" in ratios[0].note

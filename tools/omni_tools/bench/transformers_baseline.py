@@ -222,6 +222,7 @@ def _served_request(client: Any, text: str, options: dict[str, Any]) -> dict[str
     ttft = ttfa = None
     audio_s = 0.0
     tokens = 0
+    stages: dict[str, float] = {}
     for event in client.stream(text, model=ENTRY, timeout=600, **options):
         now = time.perf_counter() - t0
         if isinstance(event, TextDelta) and ttft is None:
@@ -231,11 +232,12 @@ def _served_request(client: Any, text: str, options: dict[str, Any]) -> dict[str
             audio_s += event.duration_s
         elif isinstance(event, Final):
             tokens = event.usage.completion_tokens if event.usage else 0
+            stages = dict(event.metrics.get("stage_seconds") or {})
     latency = time.perf_counter() - t0
     if ttfa is None:
         raise RuntimeError(f"no audio in the reply to {text!r}")
     return {"latency_s": latency, "ttft_s": ttft, "ttfa_s": ttfa, "audio_s": audio_s,
-            "tokens": tokens}
+            "tokens": tokens, "stage_seconds": stages}
 
 
 def measure_served(client: Any, texts: Sequence[str], concurrency: int, args, speaker: str
@@ -247,7 +249,12 @@ def measure_served(client: Any, texts: Sequence[str], concurrency: int, args, sp
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         rows = list(pool.map(one, range(len(texts))))
-    return level_summary(rows, time.perf_counter() - t0)
+    out = level_summary(rows, time.perf_counter() - t0)
+    for role in ("thinker", "talker", "audio_decoder"):  # the orchestrator's own timings
+        seconds = [r["stage_seconds"][role] for r in rows if role in r["stage_seconds"]]
+        if seconds:
+            out[f"{role}_s_p50"] = median(seconds)
+    return out
 
 
 # --- the run -------------------------------------------------------------------------
