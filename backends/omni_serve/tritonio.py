@@ -348,6 +348,23 @@ def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> th
     return thread
 
 
+class _Gauge:
+    """A Triton gauge that is sent to the server only when its value changes.
+
+    Each `Metric.set` is a round trip from the stub to its parent process; the llm
+    stage sets its scheduler gauges every engine step, where they rarely change.
+    """
+
+    def __init__(self, metric: Any):
+        self._metric = metric
+        self._value: float | None = None
+
+    def set(self, value: float) -> None:
+        if value != self._value:
+            self._metric.set(value)
+            self._value = value
+
+
 class Metrics:
     """Creates Triton custom metric families once per process and hands out metrics."""
 
@@ -365,8 +382,8 @@ class Metrics:
     def counter(self, name: str, doc: str):
         return self._family(name, doc, "COUNTER").Metric(labels=self.labels)
 
-    def gauge(self, name: str, doc: str):
-        return self._family(name, doc, "GAUGE").Metric(labels=self.labels)
+    def gauge(self, name: str, doc: str) -> _Gauge:
+        return _Gauge(self._family(name, doc, "GAUGE").Metric(labels=self.labels))
 
     def histogram(self, name: str, doc: str, buckets: Iterable[float]):
         return self._family(name, doc, "HISTOGRAM").Metric(labels=self.labels,

@@ -108,6 +108,16 @@ def test_the_llm_adapter_records_vllm_queue_time_in_its_histogram(families):
     assert (queue.kind, queue.samples) == ("histogram", [({"model": "thinker"}, 0.3)])
 
 
+def test_the_llm_adapter_sends_its_scheduler_gauges_only_when_they_change(families):
+    """Every engine step reports them; each Triton `set` is a round trip to the parent."""
+    metrics = _adapter("omni_llm")._TritonMetrics("thinker")
+    for running, waiting in [(0, 0), (2, 1), (2, 1), (2, 1), (3, 0), (3, 0)]:
+        metrics.scheduler(running, waiting)
+    sent = {f.name: [v for _, v in f.samples] for f in families if f.kind == "gauge"}
+    assert sent["omni_llm_engine_running_requests"] == [0, 2, 3]
+    assert sent["omni_llm_engine_waiting_requests"] == [0, 1, 0]
+
+
 def _initialized(monkeypatch, stage: str, runner_attr: str, runner) -> None:
     module = _adapter(stage)
     monkeypatch.setattr(module, runner_attr, lambda cfg: runner)
