@@ -128,3 +128,14 @@ def test_transformers_05b_thinker_shapes() -> None:
     tiny = tiny_omni.tiny_thinker_config(tokenizer)
     assert tiny.text_config.hidden_size == tiny_omni.TINY_TEXT_HIDDEN
     assert tiny.text_config.num_hidden_layers == 2
+
+
+def test_the_transformers_scenario_keeps_models_it_did_not_measure_when_lengths_match():
+    from omni_tools.bench import transformers_baseline as tb
+
+    previous = {"max_tokens": 32, "talker_tokens": 64,
+                "models": {"tiny": {"levels": "old"}, "0.5b": {"levels": "kept"}}}
+    now = {"max_tokens": 32, "talker_tokens": 64, "models": {"tiny": {"levels": "new"}}}
+    assert tb.kept_models(previous, now) == {"0.5b": {"levels": "kept"}}
+    assert tb.kept_models({**previous, "talker_tokens": 128}, now) == {}
+    assert tb.kept_models(None, now) == {}

@@ -1,9 +1,11 @@
 """omni-bench's pure parts: ratios against targets, engine flags, the generated page."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from omni_tools.bench import openai_chat, report, scenario
+from omni_tools.bench import cli, openai_chat, report, scenario
 from omni_tools.bench.scenario import Ratio, Scenario
 
 
@@ -80,3 +82,14 @@ def test_vllm_omni_ratios_are_not_measured_when_its_diffusion_path_failed():
     ratios = vllm_omni.ratios(results)
     assert [r.value for r in ratios] == [None, None]
     assert "did not run" in ratios[0].note
+
+
+@pytest.mark.parametrize("name", [s.name for s in cli.SCENARIOS])
+def test_omni_bench_all_can_parse_each_scenarios_quick_arguments(name):
+    """`omni-bench all` runs every scenario with them: a bad one stops the whole run."""
+    scenario = {s.name: s for s in cli.SCENARIOS}[name]
+    sub = argparse.ArgumentParser(prog=name, exit_on_error=False)
+    scenario.add_arguments(sub)
+    args = sub.parse_args(list(scenario.quick))
+    if hasattr(args, "script_args"):  # passed on to the tools/bench_*.py script as they are
+        assert [a for a in args.script_args if a != "--"] == list(scenario.quick)[1:]

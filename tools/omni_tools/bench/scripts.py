@@ -37,7 +37,8 @@ def _script_scenario(name: str, script: str, title: str, quick: list[str],
         results["command"] = " ".join(["python", f"tools/{script}", *extra])
         return results
 
-    return Scenario(name=name, title=title, add_arguments=add_arguments, run=run, quick=quick,
+    return Scenario(name=name, title=title, add_arguments=add_arguments, run=run,
+                    quick=["--", *quick],  # the script's own flags, past omni-bench's parser
                     ratios=ratios, table=table, plots=draw or (lambda results, folder: []))
 
 

@@ -372,9 +372,22 @@ def run(args: argparse.Namespace) -> Results:
             t0 = time.perf_counter()
             r = _run_model(model, args, Path(d), batch_ok)
             r["wall_s"] = time.perf_counter() - t0
+            r["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            r["command"] = (f"omni-bench transformers --models {model} --rounds {args.rounds} "
+                            f"--requests-per-slot {args.requests_per_slot}")
             results["models"][model] = r
+    results["models"].update(kept_models(SCENARIO.load(), results))
     results["notes"] = _notes(results, batch_note)
     return results
+
+
+def kept_models(previous: Results | None, results: Results) -> dict[str, Any]:
+    """The models of the last results file that this run did not measure, kept when
+    their requests had the same lengths (`omni-bench all` runs the tiny model only; the
+    0.5b comparison, ~20 minutes, comes from its own run, each side by side in one run)."""
+    if not previous or any(previous.get(k) != results[k] for k in ("max_tokens", "talker_tokens")):
+        return {}
+    return {m: r for m, r in previous.get("models", {}).items() if m not in results["models"]}
 
 
 def _notes(results: Results, batch_note: str) -> str:
@@ -390,7 +403,9 @@ def _notes(results: Results, batch_note: str) -> str:
         f"audio chunk). {batch_note} The `0.5b` model (qwen2.5-omni-0.5b-random: thinker text "
         "model with Qwen2.5-0.5B's shapes, untied head, random weights, tiny towers, talker "
         "and Token2Wav) is not in the quick set: it takes longer than the quick budget; "
-        "`omni-bench transformers --models tiny 0.5b` runs both.")
+        "its rows come from its own run (`omni-bench transformers --models 0.5b`), kept "
+        "when a later run measures only the tiny model; each model's `command` and "
+        "`measured` say which run it is.")
 
 
 # --- report --------------------------------------------------------------------------
