@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from omni_tools.tiny_models import DEFAULT_SEED
 from omni_tools.tiny_tokenizer import (
-    ENDOFTEXT,
     IM_END,
     IM_START,
+    build_tokenizer,
     padded_vocab_size,
     special_ids,
-    train_tokenizer,
 )
 
 if TYPE_CHECKING:  # heavy imports stay lazy
@@ -116,29 +115,17 @@ THINKER_SHAPES: dict[str, dict[str, Any]] = {"tiny": {}, "0.5b": QWEN25_05B_TEXT
 
 
 def build_omni_tokenizer(model_max_length: int = TINY_MAX_LEN) -> PreTrainedTokenizerBase:
-    """The tiny byte-level BPE (tiny_tokenizer.train_tokenizer) with Qwen2.5-Omni's special tokens.
+    """The tiny byte-level BPE (tiny_tokenizer.build_tokenizer) with Qwen2.5-Omni's special tokens.
 
     Ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2, the BPE vocabulary,
     then the OMNI_SPECIAL_TOKENS in their order.
     """
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
-
-    model = json.loads(train_tokenizer().to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(
-        vocab=model["vocab"],
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
+    return build_tokenizer(
+        model_max_length,
         extra_special_tokens={"im_start_token": IM_START, "im_end_token": IM_END,
                               **OMNI_SPECIAL_TOKENS},
-        model_max_length=model_max_length,
-        clean_up_tokenization_spaces=False,
+        chat_template=OMNI_CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = OMNI_CHAT_TEMPLATE
-    return tokenizer
 
 
 def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase, shape: str = "tiny") -> Any:

@@ -83,11 +83,22 @@ def train_tokenizer(
 
 
 def build_tokenizer(
-    model_max_length: int, extra_text: tuple[str, ...] = ()
+    model_max_length: int,
+    extra_text: tuple[str, ...] = (),
+    *,
+    extra_special_tokens: list[str] | dict[str, str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> PreTrainedTokenizerBase:
-    """The trained BPE wrapped as a Qwen2 chat tokenizer (eos <|im_end|>, pad <|endoftext|>)."""
+    """The trained BPE wrapped as a Qwen2 chat tokenizer (eos <|im_end|>, pad <|endoftext|>).
+
+    `extra_special_tokens` is passed to Qwen2Tokenizer as is: a list of
+    tokens, or attribute -> token (e.g. tiny_omni's `image_token`); None is
+    `[<|im_start|>, <|im_end|>]`. `chat_template` replaces the ChatML one.
+    """
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
+    if extra_special_tokens is None:
+        extra_special_tokens = [IM_START, IM_END]
     model = json.loads(train_tokenizer(extra_text=extra_text).to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     tokenizer = Qwen2Tokenizer(
@@ -97,11 +108,11 @@ def build_tokenizer(
         bos_token=None,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
-        extra_special_tokens=[IM_START, IM_END],
+        extra_special_tokens=extra_special_tokens,
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
