@@ -7,7 +7,13 @@ thinker, then talker, then decoder, each waiting for the previous stage to
 finish). Every round measures each concurrency level on both, order
 alternating, so drift hits both alike. Per request the client records the
 time to the first audio chunk and to the final response; per level it
-reports requests/s. Each request: text + a 1 s WAV in, text + speech out.
+reports requests/s. Each request: text + a 1 s WAV in, text + speech out: a reply
+of exactly --max-tokens tokens (ignore_eos) spoken as exactly --codes-per-token codes
+per reply token (talker min_tokens = max_tokens, greedy: a random-weight talker would
+otherwise stop at an arbitrary point). Then, at concurrency 1 on the pipelined model,
+first audio against reply length for each of --lengths, spoken at --sweep-codes-per-token
+(15: Qwen2.5-Omni's codec runs at 50 codes per second of speech, and spoken English is
+~3.3 tokens per second, so a 128-token reply is ~38 s of speech).
 
     .venv/bin/python tools/bench_omni.py
 """
@@ -40,7 +46,8 @@ def _wav() -> bytes:
 
 
 def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes | None, *,
-                image: bytes | None = None, modalities: tuple[str, ...] = ("text", "audio")) -> dict:
+                image: bytes | None = None, modalities: tuple[str, ...] = ("text", "audio"),
+                talker_codes: int | None = None) -> dict:
     """Send one streamed request; client-side times to first text, first audio and the end,
     and the orchestrator's own `metrics` JSON (per-stage seconds) from the final response."""
     import tritonclient.grpc as grpcclient
@@ -55,6 +62,10 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes | No
               t(OMNI.MODALITIES, np.array([m.encode() for m in modalities], object), "BYTES"),
               t(OMNI.SAMPLING_PARAMETERS, np.array([json.dumps(sampling).encode()], object), "BYTES"),
               t(OMNI.SEED, np.array([i], np.int64), "INT64")]
+    if talker_codes is not None:
+        talker = {"temperature": 0, "max_tokens": talker_codes, "min_tokens": talker_codes}
+        inputs.append(t(OMNI.TALKER_SAMPLING_PARAMETERS,
+                        np.array([json.dumps(talker).encode()], object), "BYTES"))
     for name, media in ((OMNI.AUDIO, audio), (OMNI.IMAGE, image)):
         if media is not None:
             inputs.append(t(name, np.array([media], object), "BYTES"))
@@ -92,11 +103,13 @@ def one_request(url: str, model: str, i: int, max_tokens: int, audio: bytes | No
             "audio_s": audio_s, "metrics": metrics}
 
 
-def level(url: str, model: str, concurrency: int, n: int, max_tokens: int, audio: bytes) -> dict:
+def level(url: str, model: str, concurrency: int, n: int, max_tokens: int, audio: bytes,
+          talker_codes: int | None = None) -> dict:
     """`n` speech requests, `concurrency` at a time: requests/s and latency percentiles."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        rows = list(pool.map(lambda i: one_request(url, model, i, max_tokens, audio), range(n)))
+        rows = list(pool.map(lambda i: one_request(url, model, i, max_tokens, audio,
+                                                   talker_codes=talker_codes), range(n)))
     wall = time.perf_counter() - t0
     ttfa = [r["ttfa"] for r in rows]
     total = [r["total"] for r in rows]
@@ -123,6 +136,13 @@ def main(argv=None) -> int:
     ap.add_argument("--requests-per-slot", type=int, default=2,
                     help="requests per level = this x concurrency (at least 4)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--codes-per-token", type=int, default=4,
+                    help="talker codes per reply token (50 codes = 1 s of speech; spoken "
+                         "English is ~12 per token: fewer makes first audio / total larger)")
+    ap.add_argument("--lengths", nargs="*", type=int, default=[32, 64, 128],
+                    help="reply lengths for first audio vs reply length (concurrency 1)")
+    ap.add_argument("--sweep-codes-per-token", type=int, default=15)
+    ap.add_argument("--sweep-requests", type=int, default=2, help="requests per length")
     ap.add_argument("--out", default="docs/benchmarks/omni_pipelining.json")
     args = ap.parse_args(argv)
 
@@ -131,8 +151,11 @@ def main(argv=None) -> int:
     seq["engine_args"]["mode"] = "sequential"
     data["stages"][MODES["sequential"]] = seq
     audio = _wav()
+    codes = args.codes_per_token * args.max_tokens
     results: dict = {"command": " ".join(["python", *sys.argv]), "max_tokens": args.max_tokens,
-                     "levels": {}}
+                     "talker_codes": codes, "codes_per_token": args.codes_per_token,
+                     "sweep_codes_per_token": args.sweep_codes_per_token,
+                     "levels": {}, "lengths": {}}
     runs: dict = {c: {m: [] for m in MODES} for c in args.concurrency}
     with tempfile.TemporaryDirectory(prefix="bench-omni-") as d:
         repo = Path(d) / "repo"
@@ -146,11 +169,20 @@ def main(argv=None) -> int:
                     order = list(MODES) if rnd % 2 == 0 else list(reversed(MODES))
                     for mode in order:
                         n = max(4, args.requests_per_slot * c)
-                        r = level(server.grpc_url, MODES[mode], c, n, args.max_tokens, audio)
+                        r = level(server.grpc_url, MODES[mode], c, n, args.max_tokens, audio,
+                                  codes)
                         runs[c][mode].append(r)
                         print(f"round={rnd} c={c} {mode:10s} {r['requests_s']:.3f} req/s  "
                               f"first audio p50 {r['ttfa_p50']:.3f}s  total p50 {r['total_p50']:.3f}s "
                               f"(ratio {r['ttfa_over_total_p50']:.3f})", flush=True)
+            for tokens in args.lengths:
+                spoken = args.sweep_codes_per_token * tokens
+                r = level(server.grpc_url, MODES["pipelined"], 1, args.sweep_requests, tokens,
+                          audio, spoken)
+                results["lengths"][tokens] = r
+                print(f"reply {tokens} tokens ({spoken} codes): first "
+                      f"audio p50 {r['ttfa_p50']:.3f}s  total p50 {r['total_p50']:.3f}s "
+                      f"(ratio {r['ttfa_over_total_p50']:.3f})", flush=True)
         finally:
             server.stop()
     for c, r in runs.items():

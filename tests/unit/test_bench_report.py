@@ -69,10 +69,9 @@ def test_vllm_omni_ratios_are_ours_over_theirs_and_name_what_did_not_run():
 
     results = _vllm_omni_results(diffusion_ran=True)
     assert [r.value for r in vllm_omni.ratios(results)] == [1.5, 1.5]
-    table = vllm_omni.table(results)
-    assert "| 8 | 30.0 | 45.0 | **1.50** |" in table
+    assert "| 8 | 30.0 | 45.0 | **1.50** |" in vllm_omni.table(results)
     assert "Qwen2.5-Omni thinker->talker->code2wav (Omni, qwen2.5-omni-tiny): did not run: " \
-           "RuntimeError: Not support device type: cpu" in table
+           "RuntimeError: Not support device type: cpu" in results["notes"]
 
 
 def test_vllm_omni_ratios_are_not_measured_when_its_diffusion_path_failed():
@@ -93,3 +92,21 @@ def test_omni_bench_all_can_parse_each_scenarios_quick_arguments(name):
     args = sub.parse_args(list(scenario.quick))
     if hasattr(args, "script_args"):  # passed on to the tools/bench_*.py script as they are
         assert [a for a in args.script_args if a != "--"] == list(scenario.quick)[1:]
+
+
+def test_pipelining_takes_first_audio_of_a_128_token_reply_from_the_length_sweep():
+    from omni_tools.bench import scripts
+
+    side = {"requests_s": 1.0, "ttfa_over_total_p50": 0.3, "audio_s_mean": 5.0}
+    results = {"max_tokens": 64, "talker_codes": 256, "sweep_codes_per_token": 15,
+               "levels": {"1": {"pipelined": side}, "8": {"throughput_ratio": 1.2}},
+               "lengths": {"32": {**side, "ttfa_over_total_p50": 0.2},
+                           "128": {**side, "ttfa_over_total_p50": 0.07, "audio_s_mean": 38.4}}}
+    ratios = {r.name: r for r in scripts.PIPELINING.ratios(results)}
+    sweep = ratios["omni-chat first audio / full response, p50 at concurrency 1 (128-token reply "
+                   "spoken as 1920 codes, 38 s)"]
+    assert (sweep.value, sweep.met) == (0.07, True)
+    short = ratios["omni-chat first audio / full response, p50 at concurrency 1 (64-token reply "
+                   "spoken as 256 codes)"]
+    assert (short.value, short.met) == (0.3, False)
+    assert ratios["omni-chat pipelined / stage-by-stage, requests/s at concurrency 8"].value == 1.2

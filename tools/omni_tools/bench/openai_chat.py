@@ -195,4 +195,4 @@ def draw(results: Results, folder: Path) -> list[Path]:
 SCENARIO = Scenario(
     name="openai", title="Text chat: omni-openai + Triton vs vllm serve (AIPerf)",
     add_arguments=add_arguments, run=run, ratios=ratios, table=table, plots=draw,
-    quick=["--rounds", "2", "--requests", "96"])
+    quick=["--rounds", "2", "--requests", "64"])

@@ -136,45 +136,71 @@ DIT_CACHE = _script_scenario("dit-cache", "bench_dit_cache.py",
 # --- pipelining: omni-chat pipelined vs stage by stage, first audio ------------------------
 
 def _omni_ratios(results: Results) -> list[Ratio]:
-    levels = results["levels"]
-    at8, at1 = levels.get("8"), levels.get("1")
-    tokens = results.get("max_tokens")
-    return [Ratio("omni-chat pipelined / stage-by-stage, requests/s at concurrency 8",
-                  None if at8 is None else at8["throughput_ratio"], 1.5),
-            Ratio(f"omni-chat first audio / full response, p50 at concurrency 1 "
-                  f"({tokens}-token reply)",
-                  None if at1 is None else at1["pipelined"]["ttfa_over_total_p50"], 0.10, "<=")]
+    levels, lengths = results["levels"], results.get("lengths") or {}
+    at8 = levels.get("8")
+    out = [Ratio("omni-chat pipelined / stage-by-stage, requests/s at concurrency 8",
+                 None if at8 is None else at8["throughput_ratio"], 1.5)]
+    if "128" in lengths:  # the 128-token reply, spoken at a speaking rate
+        codes = 128 * results["sweep_codes_per_token"]
+        out.append(Ratio(f"omni-chat first audio / full response, p50 at concurrency 1 "
+                         f"(128-token reply spoken as {codes} codes, "
+                         f"{lengths['128']['audio_s_mean']:.0f} s)",
+                         lengths["128"]["ttfa_over_total_p50"], 0.10, "<="))
+    at1, tokens, codes = levels.get("1"), results.get("max_tokens"), results.get("talker_codes")
+    spoken = f" spoken as {codes} codes" if codes else ""
+    out.append(Ratio(f"omni-chat first audio / full response, p50 at concurrency 1 "
+                     f"({tokens}-token reply{spoken})",
+                     None if at1 is None else at1["pipelined"]["ttfa_over_total_p50"], 0.10, "<="))
+    return out
 
 
 def _omni_table(results: Results) -> str:
     rows = ["| concurrency | mode | requests/s | first audio p50 s | total p50 s | "
-            "first audio / total | TTFT p50 s |", "|---:|---|---:|---:|---:|---:|---:|"]
+            "first audio / total | TTFT p50 s | audio s per reply |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for c, lv in results["levels"].items():
         for mode in ("pipelined", "sequential"):
             m = lv[mode]
             rows.append(f"| {c} | {mode} | {m['requests_s']:.2f} | {m['ttfa_p50']:.2f} | "
                         f"{m['total_p50']:.2f} | {m['ttfa_over_total_p50']:.2f} | "
-                        f"{m['ttft_p50']:.3f} |")
+                        f"{m['ttft_p50']:.3f} | {m['audio_s_mean']:.1f} |")
+    lengths = results.get("lengths") or {}
+    if lengths:
+        rows += ["", "First audio against reply length (pipelined, concurrency 1, "
+                 f"{results['sweep_codes_per_token']} talker codes per reply token):", "",
+                 "| reply tokens | audio s | first audio p50 s | total p50 s | first audio / total |",
+                 "|---:|---:|---:|---:|---:|"]
+        rows += [f"| {n} | {m['audio_s_mean']:.1f} | {m['ttfa_p50']:.2f} | {m['total_p50']:.2f} | "
+                 f"{m['ttfa_over_total_p50']:.2f} |" for n, m in lengths.items()]
     return "\n".join(rows)
 
 
 def _omni_plots(results: Results, folder: Path) -> list[Path]:
     levels = results["levels"]
     xs = [int(c) for c in levels]
-    return [plots.lines(folder / "omni_pipelining.png", "omni-chat speech replies: requests/s",
-                        "concurrency", "requests/s", xs,
-                        {m: [lv[m]["requests_s"] for lv in levels.values()]
-                         for m in ("pipelined", "sequential")}),
-            plots.lines(folder / "omni_first_audio.png", "omni-chat: first audio and full reply",
-                        "concurrency", "seconds (p50)", xs,
-                        {"first audio (pipelined)": [lv["pipelined"]["ttfa_p50"]
-                                                     for lv in levels.values()],
-                         "full reply (pipelined)": [lv["pipelined"]["total_p50"]
+    out = [plots.lines(folder / "omni_pipelining.png", "omni-chat speech replies: requests/s",
+                       "concurrency", "requests/s", xs,
+                       {m: [lv[m]["requests_s"] for lv in levels.values()]
+                        for m in ("pipelined", "sequential")}),
+           plots.lines(folder / "omni_first_audio.png", "omni-chat: first audio and full reply",
+                       "concurrency", "seconds (p50)", xs,
+                       {"first audio (pipelined)": [lv["pipelined"]["ttfa_p50"]
                                                     for lv in levels.values()],
-                         "first audio (sequential)": [lv["sequential"]["ttfa_p50"]
-                                                      for lv in levels.values()]})]
+                        "full reply (pipelined)": [lv["pipelined"]["total_p50"]
+                                                   for lv in levels.values()],
+                        "first audio (sequential)": [lv["sequential"]["ttfa_p50"]
+                                                     for lv in levels.values()]})]
+    lengths = results.get("lengths") or {}
+    if lengths:
+        out.append(plots.lines(folder / "omni_first_audio_vs_length.png",
+                               "omni-chat: first audio vs reply length (concurrency 1)",
+                               "reply tokens", "seconds (p50)", [int(n) for n in lengths],
+                               {"first audio": [m["ttfa_p50"] for m in lengths.values()],
+                                "full reply": [m["total_p50"] for m in lengths.values()]}))
+    return out
 
 
 PIPELINING = _script_scenario(
     "pipelining", "bench_omni.py", "omni-chat: pipelined vs stage-by-stage, first audio",
-    ["--rounds", "2", "--max-tokens", "128"], _omni_ratios, _omni_table, _omni_plots)
+    ["--rounds", "2", "--max-tokens", "64", "--requests-per-slot", "1"],
+    _omni_ratios, _omni_table, _omni_plots)

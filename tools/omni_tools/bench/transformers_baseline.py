@@ -447,6 +447,10 @@ def table(results: Results) -> str:
                     f"{_fmt(m['latency_s_p99'])} | {_fmt(m['ttfa_s_p50'])} / "
                     f"{_fmt(m['ttfa_s_p99'])} | {m['tokens_per_request']:.0f}, "
                     f"{m['audio_s_per_request']:.2f} | {vs} |")
+    runs = [f"{r['model']}: `{r['command']}` ({r['measured']})"
+            for r in results["models"].values() if r.get("command")]
+    if runs:
+        rows.append("\nEach model's rows come from one run: " + "; ".join(runs) + ".")
     return "\n".join(rows)
 
 
