@@ -1,12 +1,17 @@
 """Reading one request's scalar input tensors, shared by the stages' request parsers.
 
-Runs inside the Triton stub and in tests. Every failure is a `RequestError`
-naming the tensor, so a bad value answers that request alone.
+Runs inside the Triton stub and in tests. Scalars (text, booleans, numbers,
+seeds) and JSON chats (the llm stage's `messages`, the orchestrator's
+`history`) come in as tensor elements and go out as Python values. Every
+failure is a `RequestError` naming the tensor, so a bad value answers that
+request alone.
 """
 from __future__ import annotations
 
+import json
 import math
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -79,3 +84,62 @@ def seed(tensors: dict[str, np.ndarray | None], name: str) -> int:
     if not SEED_MIN <= value <= SEED_MAX:
         raise RequestError(name, f"must be a 64-bit signed integer, got {value}")
     return value
+
+
+@dataclass(frozen=True)
+class ChatRules:
+    """What a JSON chat input accepts; `json_chat`'s errors are worded from it."""
+
+    shape: str  # what the whole input must be, as an error says it
+    roles: tuple[str, ...] | None = None  # None: any string role
+    keys: tuple[str, ...] | None = None  # the keys a message may have; None: any
+    text_parts: bool = False  # content may also be a list of {"type": "text"} parts
+    non_empty: bool = False  # else blank text or [] is a chat without messages
+    json_position: bool = False  # an invalid-JSON error quotes line and column
+
+
+def json_chat(name: str, value: Any, rules: ChatRules) -> list[dict[str, Any]] | None:
+    """A BYTES element holding a JSON array of {"role", "content"} messages.
+
+    None when the request did not send it (or, without `rules.non_empty`,
+    sent blank text). Messages are returned as decoded.
+    """
+    raw = text(name, value)
+    if raw is None or (not rules.non_empty and not raw.strip()):
+        return None
+    try:
+        chat = json.loads(raw)
+    except ValueError as e:
+        detail = f": {e}" if rules.json_position else f" ({getattr(e, 'msg', e)})"
+        raise RequestError(name, f"invalid JSON{detail}") from e
+    if not isinstance(chat, list) or (rules.non_empty and not chat):
+        raise RequestError(name, f"must be {rules.shape}")
+    for i, message in enumerate(chat):
+        _chat_message(f"{name}[{i}]", message, name, rules)
+    return chat
+
+
+def _chat_message(where: str, message: Any, name: str, rules: ChatRules) -> None:
+    # role: any string is one check with the object's; a closed set is its own field
+    if rules.roles is None:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(where, 'must be an object with a string "role"')
+    elif not isinstance(message, dict):
+        raise RequestError(where, f"must be an object; {name} must be {rules.shape}")
+    if rules.keys is not None:
+        extra = sorted(set(message) - set(rules.keys))
+        if extra:
+            raise RequestError(where, f"unknown key {extra[0]!r}; allowed: {', '.join(rules.keys)}")
+    role = message.get("role")
+    if rules.roles is not None and role not in rules.roles:
+        raise RequestError(f"{where}.role", f"must be one of {list(rules.roles)}, got {role!r}")
+    content = message.get("content")
+    if isinstance(content, str):
+        return
+    if not rules.text_parts:
+        raise RequestError(f"{where}.content", f"must be a string, got {content!r}"[:200])
+    if not isinstance(content, list) or not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        raise RequestError(f"{where}.content",
+                           'must be a string or a list of {"type": "text", "text": ...} parts')

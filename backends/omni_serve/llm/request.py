@@ -14,10 +14,14 @@ import numpy as np
 
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
-from omni_serve.fields import scalar, text
+from omni_serve.fields import ChatRules, json_chat, scalar, text
 from omni_serve.llm import sampling
 from omni_serve.llm.talker import TalkerInput
 
+# The `messages` chat, as the chat template reads it: any role; content a
+# string or a list of {"type": "text", "text": str} parts.
+MESSAGES_RULES = ChatRules(shape="a non-empty JSON array of messages", text_parts=True,
+                           non_empty=True, json_position=True)
 
 @dataclass
 class LLMRequest:
@@ -120,7 +124,7 @@ def parse_request(
     """
     prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
     token_ids = _token_ids(tensors.get(LLM.PROMPT_TOKEN_IDS))
-    messages = _messages(scalar(tensors, LLM.MESSAGES))
+    messages = json_chat(LLM.MESSAGES, scalar(tensors, LLM.MESSAGES), MESSAGES_RULES)
     talker = _talker(tensors, prompt, token_ids)
     if talker is not None:
         token_ids = None
@@ -191,32 +195,6 @@ def _talker(tensors: dict[str, np.ndarray | None], prompt: str | None,
         image_grid_thw=_counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3"),
         audio_feature_lengths=_counts(LLM.AUDIO_FEATURE_LENGTHS,
                                       tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n"))
-
-
-def _messages(value: Any) -> list[dict[str, Any]] | None:
-    """The `messages` chat: a non-empty JSON array of {"role": str, "content": str or
-    [{"type": "text", "text": str}, ...]} objects (what the chat template reads)."""
-    raw = text(LLM.MESSAGES, value)
-    if raw is None:
-        return None
-    try:
-        chat = json.loads(raw)
-    except ValueError as exc:
-        raise RequestError(LLM.MESSAGES, f"invalid JSON: {exc}") from None
-    if not isinstance(chat, list) or not chat:
-        raise RequestError(LLM.MESSAGES, "must be a non-empty JSON array of messages")
-    for i, message in enumerate(chat):
-        where = f"{LLM.MESSAGES}[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(where, 'must be an object with a string "role"')
-        content = message.get("content")
-        parts = content if isinstance(content, list) else None
-        if not isinstance(content, str) and (parts is None or not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                for p in parts)):
-            raise RequestError(f"{where}.content", 'must be a string or a list of '
-                                                   '{"type": "text", "text": ...} parts')
-    return chat
 
 
 def _token_ids(arr: np.ndarray | None) -> list[int] | None:

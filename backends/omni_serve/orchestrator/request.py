@@ -14,10 +14,13 @@ import numpy as np
 
 from omni_serve.contract import OMNI
 from omni_serve.errors import RequestError
-from omni_serve.fields import boolean, integer, number, scalar, text
+from omni_serve.fields import ChatRules, boolean, integer, json_chat, number, scalar, text
 from omni_serve.orchestrator.config import OrchestratorConfig
 
 HISTORY_ROLES = ("user", "assistant")
+HISTORY_RULES = ChatRules(
+    shape='a JSON array of {"role": "user"|"assistant", "content": "..."} objects',
+    roles=HISTORY_ROLES, keys=("role", "content"))
 MAX_SESSION_ID_CHARS = 256
 
 # talker_sampling_parameters: each key's kind, its allowed range (low, low
@@ -142,32 +145,8 @@ def _session_id(tensors: dict[str, np.ndarray | None]) -> str | None:
 
 
 def _history(tensors: dict[str, np.ndarray | None]) -> tuple[Turn, ...]:
-    raw = text(OMNI.HISTORY, scalar(tensors, OMNI.HISTORY))
-    if raw is None or not raw.strip():
-        return ()
-    try:
-        items = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise RequestError(OMNI.HISTORY, f"invalid JSON ({e.msg})") from e
-    shape = 'a JSON array of {"role": "user"|"assistant", "content": "..."} objects'
-    if not isinstance(items, list):
-        raise RequestError(OMNI.HISTORY, f"must be {shape}")
-    turns = []
-    for i, item in enumerate(items):
-        where = f"{OMNI.HISTORY}[{i}]"
-        if not isinstance(item, dict):
-            raise RequestError(where, f"must be an object; {OMNI.HISTORY} must be {shape}")
-        extra = sorted(set(item) - {"role", "content"})
-        if extra:
-            raise RequestError(where, f"unknown key {extra[0]!r}; allowed: role, content")
-        role, content = item.get("role"), item.get("content")
-        if role not in HISTORY_ROLES:
-            raise RequestError(f"{where}.role", f"must be one of {list(HISTORY_ROLES)}, "
-                                                f"got {role!r}")
-        if not isinstance(content, str):
-            raise RequestError(f"{where}.content", f"must be a string, got {content!r}"[:200])
-        turns.append(Turn(role, content))
-    return tuple(turns)
+    chat = json_chat(OMNI.HISTORY, scalar(tensors, OMNI.HISTORY), HISTORY_RULES)
+    return tuple(Turn(m["role"], m["content"]) for m in chat or ())
 
 
 def _talker_sampling(tensors: dict[str, np.ndarray | None]) -> dict[str, Any]:
