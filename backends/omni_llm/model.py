@@ -20,10 +20,10 @@ from omni_serve.adapter import StageModel
 from omni_serve.contract import ENGINE_ARGS_FILE, LLM, LLM_CONTRACT
 from omni_serve.llm.request import LLMOutput, LLMRequest, merge_outputs, parse_request
 from omni_serve.llm.stage import LLMStage
+from omni_serve.processes import exit_with_parent
 from omni_serve.tritonio import (
     Metrics,
     Outbox,
-    exit_with_parent,
     make_response,
     pb,
     read_inputs,

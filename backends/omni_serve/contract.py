@@ -2,83 +2,16 @@
 
 Imported by the repository generator (config.pbtxt inputs/outputs), by the
 Triton adapters in backends/*/model.py and by omni_client. Nothing here
-imports tritonserver or torch (tritonclient's dtype table only).
+imports tritonserver or torch; the types the contracts are written in,
+`TensorSpec` and `StageContract`, are omni_serve.tensor_spec's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from omni_serve.tensor_spec import StageContract, TensorSpec
 
-import numpy as np
-from tritonclient.utils import triton_to_np_dtype
-
-# Triton model-config data types used by the stages; the inference protocol's wire name
-# is the same without "TYPE_" (TYPE_STRING travels as BYTES), its numpy dtype is
-# tritonclient's.
-TritonType = Literal["TYPE_STRING", "TYPE_BOOL", "TYPE_UINT32", "TYPE_INT32", "TYPE_INT64",
-                     "TYPE_FP32", "TYPE_UINT8"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output tensor of a stage (dims exclude the batch dim)."""
-
-    name: str
-    data_type: TritonType
-    dims: tuple[int, ...]
-    optional: bool = False
-    doc: str = ""
-    # Variable-length input that Triton's dynamic batcher may batch with
-    # other lengths (config.pbtxt `allow_ragged_batch`); the stage pads/splits.
-    ragged: bool = False
-
-    @property
-    def np_dtype(self) -> type:
-        return np.dtype(triton_to_np_dtype(self.wire_dtype)).type
-
-    def config_entry(self, *, is_input: bool) -> dict:
-        """This tensor as a config.pbtxt `input`/`output` entry (model_config JSON form)."""
-        entry: dict = {"name": self.name, "data_type": self.data_type, "dims": list(self.dims)}
-        if is_input and self.optional:
-            entry["optional"] = True
-        if is_input and self.ragged:
-            entry["allow_ragged_batch"] = True
-        return entry
-
-    @property
-    def wire_dtype(self) -> str:
-        return "BYTES" if self.data_type == "TYPE_STRING" else self.data_type.removeprefix("TYPE_")
-
-
-Batching = Literal["engine", "triton"]
 # What a Triton-batched stage gets where its spec (or a bare config.pbtxt) says nothing.
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_QUEUE_DELAY_US = 2000
-
-
-@dataclass(frozen=True)
-class StageContract:
-    """Inputs and outputs of one stage kind; `backend` is the config.pbtxt backend name.
-
-    `batching`: "engine" when the stage's engine batches continuously by itself
-    (vLLM), so Triton must hand requests over one by one (max_batch_size 0);
-    "triton" when Triton's dynamic batcher forms the batches (generators,
-    encoders), so dims above exclude the batch dimension.
-    """
-
-    backend: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    decoupled: bool = False
-    batching: Batching = "triton"
-    # The file that marks a usable checkpoint directory for this stage kind.
-    checkpoint_marker: str = "config.json"
-
-    def input(self, name: str) -> TensorSpec:
-        return next(t for t in self.inputs if t.name == name)
-
-    def output(self, name: str) -> TensorSpec:
-        return next(t for t in self.outputs if t.name == name)
 
 
 # --- LLM core (omni_llm) -------------------------------------------------------

@@ -10,10 +10,20 @@ The first line of defence is the vLLM plugin omni_serve.llm.parent_death: the ke
 ends each engine process with its parent (PR_SET_PDEATHSIG), even when the stub itself
 is killed. This snapshot is the fallback for where vLLM's plugins are turned off
 (VLLM_PLUGINS without ours) and the stage's own check at shutdown that nothing is left.
+When tritonserver itself dies without finalizing the stage, `exit_with_parent`
+ends those processes and then the stub.
 """
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
 import psutil
+
+log = logging.getLogger(__name__)
 
 
 def descendants() -> list[psutil.Process]:
@@ -36,3 +46,32 @@ def terminate(procs: list[psutil.Process], grace_s: float = 3.0) -> list[psutil.
         except psutil.Error:
             pass
     return running
+
+
+def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> threading.Thread:
+    """Exit the stub when tritonserver dies without finalizing us (SIGKILL, crash).
+
+    The stub is re-parented then; without this it and its vLLM engine
+    processes would outlive the server and keep their memory and cores.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                log.error("tritonserver (pid %d) is gone; shutting the stage down", parent)
+                # Children first: the stub exits by itself about a second
+                # after the server dies, and a graceful engine shutdown may
+                # not finish before that.
+                terminate(descendants(), grace_s=0.5)
+                try:
+                    cleanup()
+                except Exception:
+                    log.exception("stage shutdown failed")
+                finally:
+                    os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from omni_serve import processes
 from omni_serve.contract import (
     DEFAULT_MAX_BATCH_SIZE,
     ENGINE_ARGS_FILE,
@@ -315,37 +314,6 @@ class ResponseSender:
     def close(self) -> None:
         self._q.put(None)
         self._thread.join(timeout=10)
-
-
-def exit_with_parent(cleanup: Callable[[], None], interval_s: float = 0.1) -> threading.Thread:
-    """Exit the stub when tritonserver dies without finalizing us (SIGKILL, crash).
-
-    The stub is re-parented then; without this it and its vLLM engine
-    processes would outlive the server and keep their memory and cores.
-    """
-    import os
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent:
-                log.error("tritonserver (pid %d) is gone; shutting the stage down", parent)
-                # Children first: the stub exits by itself about a second
-                # after the server dies, and a graceful engine shutdown may
-                # not finish before that.
-                processes.terminate(processes.descendants(), grace_s=0.5)
-                try:
-                    cleanup()
-                except Exception:
-                    log.exception("stage shutdown failed")
-                finally:
-                    os._exit(1)
-
-    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    thread.start()
-    return thread
 
 
 class _Gauge:

@@ -137,7 +137,7 @@ def test_a_call_waiting_on_a_stage_whose_stub_died_fails_unavailable():
         watch = FakeWatch()
         client = _client(watch)
         never = asyncio.get_running_loop().create_future()
-        waiting = asyncio.ensure_future(client._watched("talker", never))
+        waiting = asyncio.ensure_future(client.stub_guard.watched("talker", never))
         await asyncio.sleep(0)
         assert not waiting.done()
         watch.dead_stubs.append(("talker_0_0", 4242))
@@ -146,10 +146,10 @@ def test_a_call_waiting_on_a_stage_whose_stub_died_fails_unavailable():
         assert e.value.code == "UNAVAILABLE"
         assert "stage talker is unavailable: its Python stub talker_0_0 (pid 4242) died" in str(e.value)
         deadline = time.monotonic() + 5
-        while "talker" in client._taken_down and time.monotonic() < deadline:
+        while "talker" in client.stub_guard.taken_down and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert client._client.unloaded == ["talker"] and watch.forgotten == ["talker"]
-        assert "talker" not in client._taken_down  # unloaded, then forgotten
+        assert "talker" not in client.stub_guard.taken_down  # unloaded, then forgotten
     asyncio.run(main())
 
 
@@ -163,8 +163,8 @@ def test_a_new_call_to_a_dead_stage_fails_before_it_is_sent_and_others_go_on():
                 pass
         done = asyncio.get_running_loop().create_future()
         done.set_result("ok")
-        assert await client._watched("llm", done) == "ok"
-        await asyncio.gather(*client._taken_down.values())
+        assert await client.stub_guard.watched("llm", done) == "ok"
+        await asyncio.gather(*client.stub_guard.taken_down.values())
     asyncio.run(main())
 
 
@@ -178,9 +178,9 @@ def test_a_server_without_model_control_keeps_the_dead_stage_down():
         client._client.unload_error = InferenceServerException("explicit model load / unload "
                                                                "is not allowed")
         with pytest.raises(StageCallError):
-            client._check_stubs("talker")
+            client.stub_guard.check("talker")
         await asyncio.sleep(0.05)
-        assert not client._taken_down["talker"].done()  # waits for an operator's restart
+        assert not client.stub_guard.taken_down["talker"].done()  # waits for an operator's restart
         assert watch.forgotten == []
-        client._taken_down["talker"].cancel()
+        client.stub_guard.taken_down["talker"].cancel()
     asyncio.run(main())

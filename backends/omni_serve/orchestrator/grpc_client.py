@@ -22,10 +22,8 @@ A gRPC cancel is the last resort, for a stream not ended `abort_grace_s`
 after its abort.
 
 A stage of this server whose Python stub died (omni_serve.stubs) fails its
-calls at once and those in flight within `STUB_POLL_S`, UNAVAILABLE, instead
-of leaving them waiting for responses that never come; the model is unloaded
-where the server allows model control, so its readiness says so and a
-model-control load brings it back.
+calls at once and those in flight soon after, UNAVAILABLE, and is unloaded
+where the server allows model control (orchestrator/stub_guard.py).
 
 A stage on another server on this host (orchestrator/locality.py says which) gets
 its large inputs (the thinker's `mm_embeds`) through Triton system shared memory
@@ -50,6 +48,7 @@ from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
 from omni_serve.orchestrator.locality import use_shared_memory
 from omni_serve.orchestrator.pipeline import StageCallError
 from omni_serve.orchestrator.shm import ShmRegions, shm_layout
+from omni_serve.orchestrator.stub_guard import StubGuard
 from omni_serve.stubs import StubWatch
 
 log = logging.getLogger(__name__)
@@ -60,8 +59,6 @@ ABORT_GRACE_S = 5.0
 # within this long: gRPC's default reconnect back-off grows to 120 s, and every call
 # meanwhile fails at once with UNAVAILABLE.
 RECONNECT_BACKOFF_MAX_MS = 1000
-# How often a call waiting on a stage of this server checks that the stage's stubs live.
-STUB_POLL_S = 0.25
 
 
 def _channel_args() -> list[tuple[str, int]]:
@@ -88,9 +85,8 @@ class GrpcStageClient:
                  call_timeout_s: float = 300.0, abort_grace_s: float = ABORT_GRACE_S,
                  stubs: StubWatch | None = None):
         self.url = url
-        self.stubs = stubs  # this server's stub registry (its own stages only)
-        self._taken_down: dict[str, asyncio.Task] = {}
         self._client = None
+        self.stub_guard = StubGuard(stubs, self._connect)  # stubs: this server's stages only
         self._stream_channel = None  # omni_serve.grpc_stream.StreamChannel, on first stream
         self.shm_mode = shared_memory
         self.shm_min_bytes = shared_memory_min_bytes
@@ -211,14 +207,14 @@ class GrpcStageClient:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        self._check_stubs(model)
+        self.stub_guard.check(model)
         infer_inputs, region = await self._place(inputs)
         call = asyncio.ensure_future(self._connect().infer(
             model, infer_inputs, outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
             client_timeout=self.call_timeout_s))
         call.add_done_callback(lambda _: self._release(region))
         try:
-            result = await self._watched(model, asyncio.shield(call))
+            result = await self.stub_guard.watched(model, asyncio.shield(call))
         except InferenceServerException as e:
             raise StageCallError(exc_code(e), e.message()) from e
         except (asyncio.CancelledError, StageCallError):
@@ -241,7 +237,7 @@ class GrpcStageClient:
         "abort" response, and the stream closes normally. Only a stage that
         does not end it within `abort_grace_s` has its call cancelled.
         """
-        self._check_stubs(model)
+        self.stub_guard.check(model)
         placed, region = await self._placed(inputs)
         responses: asyncio.Queue = asyncio.Queue()
         reader = asyncio.ensure_future(self._read(model, placed, outputs, request_id,
@@ -250,7 +246,7 @@ class GrpcStageClient:
         ended = False
         try:
             while True:
-                kind, item = await self._watched(model, responses.get())
+                kind, item = await self.stub_guard.watched(model, responses.get())
                 if kind == "end":
                     ended = True
                     return
@@ -266,7 +262,7 @@ class GrpcStageClient:
                 reader.add_done_callback(lambda _: self._hand_unread(responses, outputs, unread))
             if ended:
                 self._release(region)
-            elif model in self._taken_down:  # nothing there to stop it in-band
+            elif model in self.stub_guard.taken_down:  # nothing there to stop it in-band
                 reader.cancel()
                 reader.add_done_callback(lambda _: self._release(region))
             else:
@@ -342,54 +338,6 @@ class GrpcStageClient:
                         "cancelling its call", model, request_id, self.abort_grace_s, e)
         reader.cancel()  # the gRPC cancel, as a last resort
         await asyncio.gather(reader, return_exceptions=True)
-
-    # --- stages whose stub died ------------------------------------------------------
-    async def _watched(self, model: str, awaitable):
-        """`await awaitable`, checking every STUB_POLL_S that `model`'s stubs still live."""
-        if self.stubs is None:
-            return await awaitable
-        future = asyncio.ensure_future(awaitable)
-        try:
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=STUB_POLL_S)
-                if done:
-                    return future.result()
-                self._check_stubs(model)
-        finally:
-            if not future.done():
-                future.cancel()
-
-    def _check_stubs(self, model: str) -> None:
-        """Raise UNAVAILABLE when a stub of `model` died (and take the model down)."""
-        if self.stubs is None or not (dead := self.stubs.dead(model)):
-            return
-        instance, pid = dead[0]
-        if model not in self._taken_down:
-            log.error("stage %s: its Python stub %s (pid %d) died; its requests fail "
-                      "UNAVAILABLE until it is loaded again", model, instance, pid)
-            self._taken_down[model] = asyncio.get_running_loop().create_task(
-                self._take_down(model))
-        raise StageCallError("UNAVAILABLE", (
-            f"stage {model} is unavailable: its Python stub {instance} (pid {pid}) died; "
-            f"it serves again once the model is loaded again (model-control load, or a "
-            f"server restart)"))
-
-    async def _take_down(self, model: str) -> None:
-        """Unload `model` where model control allows it, so its readiness tells the truth;
-        forget it once it is back (its new stubs registered)."""
-        from tritonclient.utils import InferenceServerException
-
-        try:
-            await self._connect().unload_model(model)
-            self.stubs.forget(model)
-            log.error("stage %s unloaded; load it to bring it back", model)
-        except InferenceServerException as e:
-            log.error("stage %s cannot be unloaded (%s): Triton 2.51 does not restart a dead "
-                      "stub; restart the server, or run it with --model-control-mode=explicit "
-                      "and load the model again", model, e.message())
-        while self.stubs.dead(model):
-            await asyncio.sleep(1.0)
-        self._taken_down.pop(model, None)
 
     async def _model_ready(self, model: str) -> bool:
         """Whether the server has `model` ready (False also when it cannot say)."""
