@@ -134,7 +134,7 @@ class ClientBase:
                     return info.name
         return self.model
 
-    def _ready_rows(self, index: Mapping[str, Any]) -> list[str]:
+    def _ready_models(self, index: Mapping[str, Any]) -> list[str]:
         """The names of the READY models in a repository index."""
         return [row.get("name", "") for row in index.get("models", [])
                 if row.get("state") == "READY"]

@@ -130,7 +130,7 @@ class AsyncOmniClient(ClientBase):
             rows = await self._call(lambda: self._client.get_model_repository_index(
                 as_json=True, client_timeout=wait_s))
             infos = [_calls.model_info(name, await self._config(name, wait_s))
-                     for name in self._ready_rows(rows)]
+                     for name in self._ready_models(rows)]
             return [info for info in infos if info is not None]
 
         return await self._retrying(index)

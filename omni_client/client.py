@@ -221,7 +221,7 @@ class OmniClient(ClientBase):
             rows = self._call(lambda: client.get_model_repository_index(
                 as_json=True, client_timeout=wait_s))
             infos = (_calls.model_info(name, self._config(name, wait_s))
-                     for name in self._ready_rows(rows))
+                     for name in self._ready_models(rows))
             return [info for info in infos if info is not None]
 
         return self._retrying(index)
