@@ -2,10 +2,13 @@
 
 Runs in the caller's process (omni-bench, the integration tests); AIPerf itself is a
 child process from its own venv (.venv/bin/aiperf, installed by tools/setup.sh). One
-call is one `aiperf profile` run: chat streaming with fixed prompt and output lengths,
-`ignore_eos` so every reply is exactly as long as asked, lengths as the server counts
-them. It returns what AIPerf wrote: the summary, the per-request records and the
-payloads it sent.
+call is one `aiperf profile` run, of one of two kinds: chat streaming with fixed prompt
+and output lengths, `ignore_eos` so every reply is exactly as long as asked, lengths as
+the server counts them (`profile`); or image generation (`POST /v1/images/generations`)
+of given prompts with per-request seeds, one size and one step count (`image_profile`).
+Both build their command from the same common part (`command`) and run it the same way
+(`run`); only the endpoint's arguments differ. It returns what AIPerf wrote: the
+summary, the per-request records and the payloads it sent.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,25 +78,75 @@ class Profile:
                 + log_tail)
 
 
+def command(url: str, model: str, tokenizer: str | Path, artifacts: Path,
+            endpoint_args: Sequence[str], *, requests: int, concurrency: int, seed: int = 7,
+            warmup: int = 0) -> list[str]:
+    """The `aiperf profile` command line: what every run shares, then `endpoint_args`
+    (the endpoint type and its own inputs)."""
+    cmd = [str(AIPERF), "profile", "--model", model, "--url", url, *endpoint_args,
+           "--tokenizer", str(tokenizer),
+           "--request-count", str(requests), "--concurrency", str(concurrency),
+           "--random-seed", str(seed), "--artifact-dir", str(artifacts),
+           "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry", "--workers-max", "2"]
+    if warmup:
+        cmd += ["--warmup-request-count", str(warmup)]
+    return cmd
+
+
+def run(cmd: Sequence[str], work: Path, timeout_s: float = 600) -> Profile:
+    """Run one `aiperf profile` command (from `command`) with its files under `work`."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s,
+                          env=aiperf_env(work))
+    return Profile(list(cmd), proc.returncode, proc.stdout, proc.stderr, work / "artifacts")
+
+
+def chat_args(isl: int, osl: int) -> list[str]:
+    """Streamed chats, `isl` prompt and exactly `osl` output tokens each."""
+    return ["--endpoint-type", "chat", "--streaming",
+            "--synthetic-input-tokens-mean", str(isl), "--synthetic-input-tokens-stddev", "0",
+            "--output-tokens-mean", str(osl), "--output-tokens-stddev", "0",
+            "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"max_tokens:{osl}",
+            # lengths as the server counts them: a random model's tokens do not survive
+            # detokenize + retokenize (the client count was 12-16 for 12 tokens)
+            "--use-server-token-count"]
+
+
+def image_dataset(prompts: Sequence[tuple[str, int]]) -> str:
+    """AIPerf's single_turn JSONL of (prompt, seed) pairs: one request each, the seed
+    merged into its body (`extra`)."""
+    return "".join(json.dumps({"text": prompt, "extra": {"seed": seed}}) + "\n"
+                   for prompt, seed in prompts)
+
+
+def image_args(input_file: Path, *, width: int, height: int, steps: int) -> list[str]:
+    """Image generation of the prompts in `input_file` (from `image_dataset`), in file
+    order, `width`x`height`, `steps` denoising steps (omni-openai's extension field)."""
+    return ["--endpoint-type", "image_generation",
+            "--input-file", str(input_file), "--custom-dataset-type", "single_turn",
+            "--dataset-sampling-strategy", "sequential",
+            "--extra-inputs", f"size:{width}x{height}",
+            "--extra-inputs", f"num_inference_steps:{steps}"]
+
+
 def profile(url: str, model: str, tokenizer: str | Path, work: Path, *, requests: int,
             concurrency: int, isl: int = 32, osl: int = 64, seed: int = 7,
             warmup: int = 0, timeout_s: float = 600) -> Profile:
     """`aiperf profile` of `requests` streamed chats at `concurrency`, `isl` prompt and
     exactly `osl` output tokens each; artifacts under `work`."""
-    artifacts = work / "artifacts"
-    cmd = [str(AIPERF), "profile", "--model", model, "--url", url,
-           "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer),
-           "--request-count", str(requests), "--concurrency", str(concurrency),
-           "--synthetic-input-tokens-mean", str(isl), "--synthetic-input-tokens-stddev", "0",
-           "--output-tokens-mean", str(osl), "--output-tokens-stddev", "0",
-           "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"max_tokens:{osl}",
-           # lengths as the server counts them: a random model's tokens do not survive
-           # detokenize + retokenize (the client count was 12-16 for 12 tokens)
-           "--use-server-token-count",
-           "--random-seed", str(seed), "--artifact-dir", str(artifacts),
-           "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry", "--workers-max", "2"]
-    if warmup:
-        cmd += ["--warmup-request-count", str(warmup)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                          env=aiperf_env(work))
-    return Profile(cmd, proc.returncode, proc.stdout, proc.stderr, artifacts)
+    cmd = command(url, model, tokenizer, work / "artifacts", chat_args(isl, osl),
+                  requests=requests, concurrency=concurrency, seed=seed, warmup=warmup)
+    return run(cmd, work, timeout_s)
+
+
+def image_profile(url: str, model: str, tokenizer: str | Path, work: Path,
+                  prompts: Sequence[tuple[str, int]], *, concurrency: int, width: int,
+                  height: int, steps: int, timeout_s: float = 600) -> Profile:
+    """`aiperf profile` of one image generation per (prompt, seed) of `prompts`, in order,
+    at `concurrency`; no warm-up (it would take the first prompts); artifacts under `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    dataset = work / "prompts.jsonl"
+    dataset.write_text(image_dataset(prompts))
+    cmd = command(url, model, tokenizer, work / "artifacts",
+                  image_args(dataset, width=width, height=height, steps=steps),
+                  requests=len(prompts), concurrency=concurrency)
+    return run(cmd, work, timeout_s)

@@ -12,12 +12,21 @@ import sys
 import time
 from collections.abc import Sequence
 
-from omni_tools.bench import openai_chat, profile, report, scripts, transformers_baseline, vllm_omni
+from omni_tools.bench import (
+    openai_chat,
+    openai_images,
+    profile,
+    report,
+    scripts,
+    transformers_baseline,
+    vllm_omni,
+)
 from omni_tools.bench.scenario import Scenario
 
 SCENARIOS: tuple[Scenario, ...] = (
     openai_chat.SCENARIO, transformers_baseline.SCENARIO, scripts.LLM, scripts.DIT,
-    scripts.DIT_CACHE, scripts.PIPELINING, profile.SCENARIO, vllm_omni.SCENARIO)
+    scripts.DIT_CACHE, scripts.PIPELINING, profile.SCENARIO, vllm_omni.SCENARIO,
+    openai_images.SCENARIO)
 
 
 def _by_name() -> dict[str, Scenario]:
