@@ -29,7 +29,9 @@ def _openai_results(ratio32: float) -> dict:
             "latency_p99_ms": 600.0}
     return {"command": "omni-bench openai", "levels": {
         "32": {"omni": {**side, "tok_s": 1000.0 * ratio32}, "vllm": side, "ratio": ratio32,
-               "ratio_per_round": [ratio32, ratio32]}}}
+               "ratio_per_round": [ratio32, ratio32],
+               "vllm_nospin": {**side, "tok_s": 2000.0}, "ratio_nospin": ratio32 / 2,
+               "ratio_nospin_per_round": [ratio32 / 2, ratio32 / 2]}}}
 
 
 def test_the_page_lists_each_ratio_with_its_verdict_and_each_scenario(tmp_path, monkeypatch):
@@ -42,7 +44,11 @@ def test_the_page_lists_each_ratio_with_its_verdict_and_each_scenario(tmp_path, 
     page = report.render([ran, never], "omni-bench all")
     assert "| omni-openai + Triton / vllm serve, output tok/s at concurrency 32 | 0.80 | >= 0.95 " \
            "| **short** |" in page
-    assert "## Text chat" in page and "| 32 | 800 | 1000 | **0.80** (0.80, 0.80)" in page
+    assert "| omni-openai + Triton / vllm serve + no-spin plugin, output tok/s at concurrency " \
+           "32 | 0.40 | >= 0.95 | **short** |" in page
+    assert "## Text chat" in page
+    assert "| 32 | 800 | 1000 | 2000 | **0.80** (0.80, 0.80) | **0.40** (0.40, 0.40) | " \
+           "50 / 50 / 50 |" in page
     assert "Not run into this page: never." in page and "## Never run" not in page
     ran.save(_openai_results(0.97))
     assert "| 0.97 | >= 0.95 | met |" in report.render([ran], "omni-bench all")
