@@ -20,33 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_serve.contract import DIT
+from omni_tools.bench import dit_request
 
 MODEL = "text_to_image"
-
-
-def _infer(url: str, i: int, size: int, steps: int) -> None:
-    import tritonclient.grpc as grpcclient
-
-    def t(name, value, dtype, np_dtype):
-        x = grpcclient.InferInput(name, [1, 1], dtype)
-        x.set_data_from_numpy(np.array([[value]], dtype=np_dtype))
-        return x
-
-    inputs = [t(DIT.PROMPT, f"image {i}: a lighthouse at dusk".encode(), "BYTES", np.object_),
-              t(DIT.HEIGHT, size, "INT32", np.int32), t(DIT.WIDTH, size, "INT32", np.int32),
-              t(DIT.NUM_INFERENCE_STEPS, steps, "INT32", np.int32),
-              t(DIT.SEED, i, "INT64", np.int64)]
-    with grpcclient.InferenceServerClient(url) as client:
-        client.infer(MODEL, inputs, outputs=[grpcclient.InferRequestedOutput(DIT.IMAGE)],
-                     timeout=300)
 
 
 def level(url: str, concurrency: int, n: int, size: int, steps: int) -> float:
     """Images per second for n requests with `concurrency` in flight."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(lambda i: _infer(url, i, size, steps), range(n)))
+        list(pool.map(lambda i: dit_request.generate(url, i, size, steps, model=MODEL),
+                      range(n)))
     return n / (time.perf_counter() - t0)
 
 

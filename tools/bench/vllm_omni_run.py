@@ -29,7 +29,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def prompt(i: int) -> str:
-    return f"image {i}: a lighthouse at dusk"  # as tools/bench_dit.py sends
+    from omni_tools.bench import dit_request  # .venv's, through the venv's .pth
+
+    return dit_request.prompt(i)  # what our DiT benchmarks send
 
 
 def _where(exc: BaseException) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_tools.bench import plots
+from omni_tools.bench import dit_request, plots
 from omni_tools.bench.scenario import ROOT, Ratio, Results, Scenario
 
 VENV_PYTHON = ROOT / ".venv" / "vllm-omni" / "bin" / "python"
@@ -48,23 +48,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 # --- ours: tritonserver serving the text-to-image preset ---------------------------------
 
 def _infer(url: str, i: int, size: int, steps: int) -> np.ndarray:
-    import tritonclient.grpc as grpcclient
-
     from omni_serve.contract import DIT
 
-    def t(name, value, dtype, np_dtype):
-        x = grpcclient.InferInput(name, [1, 1], dtype)
-        x.set_data_from_numpy(np.array([[value]], dtype=np_dtype))
-        return x
-
-    inputs = [t(DIT.PROMPT, f"image {i}: a lighthouse at dusk".encode(), "BYTES", np.object_),
-              t(DIT.HEIGHT, size, "INT32", np.int32), t(DIT.WIDTH, size, "INT32", np.int32),
-              t(DIT.NUM_INFERENCE_STEPS, steps, "INT32", np.int32),
-              t(DIT.SEED, i, "INT64", np.int64)]
-    with grpcclient.InferenceServerClient(url) as client:
-        res = client.infer(MODEL, inputs, outputs=[grpcclient.InferRequestedOutput(DIT.IMAGE_RAW)],
-                           timeout=300)
-    return res.as_numpy(DIT.IMAGE_RAW)[0]
+    return dit_request.generate(url, i, size, steps, model=MODEL, output=DIT.IMAGE_RAW)
 
 
 def _ours(args, workdir: Path) -> dict:
