@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from omni_tools import aiperf
 from omni_tools.bench import cli
 from omni_tools.bench import openai_images as oi
@@ -175,3 +177,16 @@ def test_images_scenario_registered_and_quick_parses() -> None:
     args = cli.parser().parse_args(["images", *oi.SCENARIO.quick])
     assert args.concurrency == [1, 8] and args.rounds >= 2 and args.size == 64
     assert args.steps == 4 and args.batch == 8
+
+
+def test_a_profile_raises_when_aiperf_failed_or_a_request_got_an_error(tmp_path):
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    records = artifacts / "profile_export.jsonl"
+    records.write_text('{"metadata": {}}\n')
+    aiperf.Profile(["aiperf"], 0, "", "", artifacts).raise_for_failures()  # a clean run
+    with pytest.raises(RuntimeError, match="aiperf failed"):
+        aiperf.Profile(["aiperf"], 2, "", "boom", artifacts).raise_for_failures()
+    records.write_text('{"metadata": {}}\n{"error": {"code": 400, "message": "bad size"}}\n')
+    with pytest.raises(RuntimeError, match="1 requests failed: .*bad size"):
+        aiperf.Profile(["aiperf"], 0, "", "", artifacts).raise_for_failures()

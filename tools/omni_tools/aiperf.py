@@ -65,6 +65,14 @@ class Profile:
         data = json.loads((self.artifacts / "inputs.json").read_text())["data"]
         return [p for session in data for p in session["payloads"]]
 
+    def raise_for_failures(self) -> None:
+        """RuntimeError when AIPerf failed or any request it sent got an error."""
+        if self.returncode != 0:
+            raise RuntimeError(f"aiperf failed:\n{self.why()}")
+        errors = [r for r in self.records if r.get("error")]
+        if errors:
+            raise RuntimeError(f"{len(errors)} requests failed: {errors[0]['error']}\n{self.why()}")
+
     def why(self) -> str:
         """The command, its exit code and the tails of its output and log (for errors)."""
         log = self.artifacts / "logs" / "aiperf.log"

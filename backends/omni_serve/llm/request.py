@@ -23,6 +23,7 @@ from omni_serve.llm.talker import TalkerInput
 MESSAGES_RULES = ChatRules(shape="a non-empty JSON array of messages", text_parts=True,
                            non_empty=True, json_position=True)
 
+
 @dataclass
 class LLMRequest:
     """One generation request as the stage sees it."""

@@ -112,12 +112,8 @@ def _measure(url: str, tokenizer: str, work: Path, args, concurrency: int) -> di
     run = aiperf.profile(url, MODEL, tokenizer, work, requests=args.requests,
                          concurrency=concurrency, isl=args.isl, osl=args.osl,
                          warmup=min(concurrency, 8))
-    if run.returncode != 0:
-        raise RuntimeError(f"aiperf failed:\n{run.why()}")
+    run.raise_for_failures()
     s = run.summary
-    errors = [r for r in run.records if r.get("error")]
-    if errors:
-        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]['error']}")
     return {"tok_s": s["output_token_throughput"]["avg"],
             "requests_s": s["request_throughput"]["avg"],
             "ttft_p50_ms": s["time_to_first_token"]["p50"],

@@ -82,11 +82,7 @@ def _served(base_url: str, tokenizer: str, work: Path, reqs: Sequence[tuple[str,
 
     run = aiperf.image_profile(base_url, MODEL, tokenizer, work, reqs, concurrency=concurrency,
                                width=args.size, height=args.size, steps=args.steps)
-    if run.returncode != 0:
-        raise RuntimeError(f"aiperf failed:\n{run.why()}")
-    errors = [r for r in run.records if r.get("error")]
-    if errors:
-        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]['error']}\n{run.why()}")
+    run.raise_for_failures()
     sent = [(p["prompt"], p["seed"], p["size"], p["num_inference_steps"]) for p in run.payloads]
     want = [(p, s, f"{args.size}x{args.size}", args.steps) for p, s in reqs]
     if sorted(sent) != sorted(want):  # AIPerf sent exactly our requests
