@@ -197,7 +197,7 @@ def _build_qwen25_05b_random(out: Path) -> None:
 OMNI_CODEC_VOCAB = 512
 
 
-@register("qwen2.5-omni-tiny", version=4,
+@register("qwen2.5-omni-tiny", version=5,
           description="Qwen2.5-Omni (thinker with vision+audio towers, talker, Token2Wav), hub layout")
 def _build_qwen25_omni_tiny(out: Path) -> None:
     """The folder is a whole `Qwen2_5OmniForConditionalGeneration` checkpoint as the hub ships

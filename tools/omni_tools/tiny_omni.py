@@ -89,6 +89,7 @@ OMNI_CHAT_TEMPLATE = (
 TINY_MAX_LEN = 4096
 TINY_TEXT_HIDDEN = 128  # 2 heads of 64: vLLM's CPU attention rejects head_dim 16
 TINY_MROPE_SECTION = (8, 12, 12)  # sums to head_dim / 2, in Qwen2.5-Omni's proportions
+TINY_VISION_HIDDEN = 96  # 2 heads of 48; the real towers have 16 heads of 80
 # Qwen2-VL image processor: sides are multiples of patch 14 x merge 2 = 28;
 # 4 to 32 merged tokens (each 28x28 pixels) per image.
 TINY_MIN_PIXELS = 28 * 28 * 4
@@ -164,7 +165,7 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase, shape: str = "tiny")
         },
         vision_config={
             "depth": 2,
-            "hidden_size": 32,
+            "hidden_size": TINY_VISION_HIDDEN,
             "intermediate_size": 64,
             "num_heads": 2,
             "out_hidden_size": hidden,
@@ -269,7 +270,10 @@ TINY_CODEC_CODES = 512
 TINY_TALKER_IDS = {"vocab_size": 576, "tts_codec_pad_token_id": 516,
                    "tts_codec_start_token_id": 517, "tts_codec_end_token_id": 518,
                    "tts_codec_mask_token_id": 520}
-TINY_TALKER_MROPE_SECTION = (4, 6, 6)  # sums to head_dim 32 / 2
+# The talker keeps the real 7B's quirk: head_dim (here 64) is not hidden / heads (64 / 2),
+# as Qwen2.5-Omni-7B's talker has 12 heads of 128 in a hidden 896 (mrope_section [16, 24, 24]).
+TINY_TALKER_HEAD_DIM = 64
+TINY_TALKER_MROPE_SECTION = (8, 12, 12)  # sums to TINY_TALKER_HEAD_DIM / 2
 VOICE_BOS = {"Chelsie": -5, "Ethan": -4}  # spk_dict bos_token: offset from the thinker vocab end
 
 
@@ -294,7 +298,7 @@ def tiny_omni_config(thinker_config: Any) -> Any:
         tts_text_pad_token_id=vocab - 1,
         embedding_size=thinker_config.text_config.hidden_size, hidden_size=64,
         intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=32, max_position_embeddings=TINY_MAX_LEN, max_window_layers=2,
+        head_dim=TINY_TALKER_HEAD_DIM, max_position_embeddings=TINY_MAX_LEN, max_window_layers=2,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
                          "mrope_section": list(TINY_TALKER_MROPE_SECTION)},
         initializer_range=0.5, dtype="float32")

@@ -17,6 +17,11 @@ then the text-eos embedding, then the text-pad embedding for ever). The
 worker extension in llm/talker_engine.py puts it in `self.omni_extra` (and
 the right 3D positions in the `positions` argument) before each forward.
 
+Attention takes `head_dim` from the talker config, as transformers does: the
+real Qwen2.5-Omni-7B talker has 12 heads of 128 in a hidden of 896, which
+vLLM's `Qwen2Attention` (head_dim = hidden / heads) cannot build. The decoder
+layers are Qwen2's with Llama's attention module, which reads `head_dim`.
+
 The text-eos and text-pad embeddings are rows of the thinker's input
 embedding; they are kept from the checkpoint's `thinker.model.embed_tokens`
 when the weights load (`tail_embeds`), the rest of the thinker is skipped.
@@ -28,15 +33,40 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from vllm.config import VllmConfig
+from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import SupportsMRoPE
-from vllm.model_executor.models.qwen2 import Qwen2Model
+from vllm.model_executor.models.llama import LlamaAttention
+from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer, Qwen2MLP, Qwen2Model
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
+from vllm.transformers_utils.config import set_default_rope_theta
 
 TALKER_PREFIX = "talker."
 THINKER_EMBED = "thinker.model.embed_tokens.weight"
+
+
+class TalkerDecoderLayer(Qwen2DecoderLayer):
+    """Qwen2's decoder layer (its forward) whose attention honours `config.head_dim`.
+
+    Qwen2 attention: q/k/v with bias, o without, M-RoPE from `rope_parameters`.
+    """
+
+    def __init__(self, config, cache_config=None, quant_config=None, prefix: str = ""):
+        nn.Module.__init__(self)  # Qwen2DecoderLayer.__init__ would build head_dim = hidden / heads
+        self.hidden_size = config.hidden_size
+        set_default_rope_theta(config, default_theta=1000000)
+        self.self_attn = LlamaAttention(
+            config=config, hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            max_position_embeddings=config.max_position_embeddings, quant_config=quant_config,
+            bias=True, bias_o_proj=False, cache_config=cache_config, prefix=f"{prefix}.self_attn")
+        self.mlp = Qwen2MLP(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                            hidden_act=config.hidden_act, quant_config=quant_config,
+                            prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
 class OmniTalker(nn.Module, SupportsMRoPE):
@@ -45,7 +75,8 @@ class OmniTalker(nn.Module, SupportsMRoPE):
         config = vllm_config.model_config.hf_config.talker_config
         self.config = config
         self.model = Qwen2Model(vllm_config=vllm_config.with_hf_config(config),
-                                prefix=maybe_prefix(prefix, "model"))
+                                prefix=maybe_prefix(prefix, "model"),
+                                decoder_layer_type=TalkerDecoderLayer)
         # the talker's codec embedding is embedding_size wide (the thinker's width), not hidden
         self.model.embed_tokens = PPMissingLayer()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size)

@@ -23,7 +23,15 @@ from typing import Any
 from omni_serve import processes
 from omni_serve.contract import LLM, MAX_QUEUED_ARG
 from omni_serve.errors import RequestError, StageOverloadedError, StageUnavailableError
-from omni_serve.llm import hidden_states, render, sampling, talker, talker_engine, warmup
+from omni_serve.llm import (
+    hidden_states,
+    render,
+    sampling,
+    startup_failure,
+    talker,
+    talker_engine,
+    warmup,
+)
 from omni_serve.llm.media import MediaShapes
 from omni_serve.llm.metrics import NULL_METRICS, NullMetrics, Sink, StageMetrics, stat_logger_factory
 from omni_serve.llm.request import LLMOutput, LLMRequest
@@ -107,9 +115,10 @@ class LLMStage:
         if own_extension == hidden_states.EXTENSION:
             self._capture_dir = hidden_states.make_directory()  # before the engine core starts
         args = AsyncEngineArgs(**engine_args)
-        self.engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[stat_logger_factory(
-                lambda: NULL_METRICS if self._warming else self.metrics)])
+        with startup_failure.watch(self.name):
+            self.engine = AsyncLLM.from_engine_args(
+                args, stat_loggers=[stat_logger_factory(
+                    lambda: NULL_METRICS if self._warming else self.metrics)])
         self._engine_processes = processes.descendants()
         self.max_model_len = self.engine.model_config.max_model_len
         if self.max_queued is not None:
