@@ -11,13 +11,13 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 
 import numpy as np
 
 from omni_serve.adapter import StageModel
 from omni_serve.contract import ENGINE_ARGS_FILE, LLM, LLM_CONTRACT
+from omni_serve.errors import StageUnavailableError
 from omni_serve.llm.request import LLMOutput, LLMRequest, merge_outputs, parse_request
 from omni_serve.llm.stage import LLMStage
 from omni_serve.processes import exit_with_parent
@@ -132,7 +132,7 @@ class TritonPythonModel(StageModel):
         self._ids = itertools.count()
         self.stage = LLMStage(engine_args, metrics=_TritonMetrics(self.model_name),
                               name=self.model_name)
-        self.stage.on_dead = self._unload_self
+        self.stage.on_dead = self.take_out_of_service
         self.stage.start()
         if self.stage.warmup_report:
             pb().Logger.log_info(f"{self.model_name}: {self.stage.warmup_report}")
@@ -150,6 +150,9 @@ class TritonPythonModel(StageModel):
                 Outbox(self.sender, response_sender,
                        merge=lambda items: (_abort_ack(items[0]), True)).send(found)
                 continue
+            if not self.stage.healthy():  # its engine died: UNAVAILABLE, whatever it asks
+                self.sender.send_error(response_sender, StageUnavailableError(self.stage.dead))
+                continue
             try:
                 req = parse_request(request_id, read_inputs(request, LLM_CONTRACT), params)
             except Exception as e:
@@ -162,19 +165,10 @@ class TritonPythonModel(StageModel):
             self.stage.submit(req, outbox, arrival, client_id=client_id or None)
         return None
 
-    def _unload_self(self, why: str) -> None:
-        """A dead engine takes its model out of service, as vllm_backend does: with
-        --model-control-mode=explicit the model unloads (readiness off; load it again to
-        get a fresh engine); otherwise it stays loaded and answers UNAVAILABLE."""
-        def unload():
-            try:
-                pb().unload_model(self.model_name)
-                pb().Logger.log_error(f"{self.model_name}: {why}; unloading it")
-            except Exception as e:  # not in explicit model-control mode
-                pb().Logger.log_error(f"{self.model_name}: {why}; it answers UNAVAILABLE "
-                                      f"(it could not unload itself: {e})")
-
-        threading.Thread(target=unload, name=f"{self.model_name}-unload", daemon=True).start()
+    def is_model_ready(self) -> bool:
+        """Readiness, on Triton releases whose Python backend asks the model (2.51 never
+        does): not ready once the engine has died."""
+        return self.stage.healthy()
 
     def finalize(self):
         self.stage.shutdown()

@@ -51,3 +51,11 @@ def outliving(procs: Sequence[psutil.Process], timeout_s: float = 30.0) -> list[
     while any(running(p) for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
     return [f"{p.pid} {p.name()}" for p in procs if running(p)]
+
+
+def stub_of(server: TritonServer, model: str) -> psutil.Process:
+    """The live Python stub of `model` (one instance) under `server`."""
+    (stub,) = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+               if p.status() != psutil.STATUS_ZOMBIE
+               and f"/{model}/1/model.py" in " ".join(p.cmdline())]
+    return stub

@@ -13,12 +13,11 @@ import os
 import signal
 import time
 
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
 from .omni_io import OmniStream, error_code, omni_inputs, run_omni
-from .servers import gen_repo, outliving, serving
+from .servers import gen_repo, outliving, serving, stub_of
 
 pytestmark = pytest.mark.integration
 
@@ -35,13 +34,6 @@ def server(tmp_path_factory):
     repo = gen_repo(["--preset", "omni-chat"], root / "repo")
     with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as s:
         yield s
-
-
-def _stub(server, model: str) -> psutil.Process:
-    (stub,) = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-               if p.status() != psutil.STATUS_ZOMBIE
-               and f"/{model}/1/model.py" in " ".join(p.cmdline())]
-    return stub
 
 
 def _image(url: str) -> bytes:
@@ -68,7 +60,7 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
     try:
         stream.send(omni_inputs(**SPEECH))
         result = stream.collect_until(lambda r: r.codec_ids)  # the talker is speaking
-        victim = _stub(server, VICTIM)
+        victim = stub_of(server, VICTIM)
         engine = victim.children(recursive=True)  # its vLLM engine core and worker
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()

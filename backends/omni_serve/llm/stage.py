@@ -90,10 +90,11 @@ class LLMStage:
         self._capture_dir: str | None = None  # where the engine writes hidden states
         self.hidden_states_unavailable = "the engine has not started"  # '' when available
         # Once the engine has died: why ('' while it lives). Every request is then
-        # UNAVAILABLE naming the stage, and `on_dead` (the adapter's: unload the model)
-        # runs once.
+        # UNAVAILABLE naming the stage, and `on_dead` (the adapter's: take the model out
+        # of service as far as the server's model-control mode allows) runs once.
         self.dead = ""
         self.on_dead: Callable[[str], None] | None = None
+        self._dead_lock = threading.Lock()
         # the engine core and its workers, as started: a killed core's workers
         # outlive it re-parented to init, and must still be ended
         self._engine_processes: list = []
@@ -183,7 +184,7 @@ class LLMStage:
         if self._stopping.is_set() or self.engine is None:
             sink.fail(StageUnavailableError(f"stage {self.name} is not serving"))
             return
-        if self.dead:
+        if not self.healthy():
             sink.fail(StageUnavailableError(self.dead))
             return
         arrival = time.perf_counter() if arrival is None else arrival
@@ -263,20 +264,29 @@ class LLMStage:
                                f"stage {self.name} is not a talker (engine_args \"talker\": true)")
         return await render.render_request(self.engine, req, self.media_shapes, self.name)
 
-    def _died(self, error: Exception) -> str:
+    def healthy(self) -> bool:
+        """False once the engine has died (noticed here when vLLM's client already knows,
+        before any request fails on it); the model's readiness where Triton asks."""
+        if not self.dead and self.engine is not None and getattr(self.engine, "errored", False):
+            self._died(self.engine.dead_error)
+        return not self.dead
+
+    def _died(self, error: BaseException) -> str:
         """Record the engine's death (once) and say what a request gets from now on."""
-        if not self.dead:
+        with self._dead_lock:
+            if self.dead:
+                return self.dead
             self.dead = (f"stage {self.name} is unavailable: its vLLM engine died ({error}); "
                          "reload the model (model control) or restart the server")
-            log.error("[%s] %s", self.name, self.dead)
-            # its workers cannot serve without it: end them now, not at unload
-            threading.Thread(target=processes.terminate, args=(self._engine_processes,),
-                             name=f"{self.name}-reap", daemon=True).start()
-            if self.on_dead is not None:
-                try:
-                    self.on_dead(self.dead)
-                except Exception:  # the stage still answers UNAVAILABLE
-                    log.exception("[%s] on_dead failed", self.name)
+        log.error("[%s] %s", self.name, self.dead)
+        # its workers cannot serve without it: end them now, not at unload
+        threading.Thread(target=processes.terminate, args=(self._engine_processes,),
+                         name=f"{self.name}-reap", daemon=True).start()
+        if self.on_dead is not None:
+            try:
+                self.on_dead(self.dead)
+            except Exception:  # the stage still answers UNAVAILABLE
+                log.exception("[%s] on_dead failed", self.name)
         return self.dead
 
     async def _generate(self, req: LLMRequest, sink: Sink, arrival: float) -> None:

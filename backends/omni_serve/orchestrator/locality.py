@@ -12,9 +12,9 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
+from omni_serve.server_args import known_args, server_argv
 
 
 def local_grpc_url(parent_pid: int | None = None) -> str:
@@ -24,12 +24,7 @@ def local_grpc_url(parent_pid: int | None = None) -> str:
     """
     if os.environ.get("OMNI_TRITON_GRPC_URL"):
         return os.environ["OMNI_TRITON_GRPC_URL"]
-    pid = os.getppid() if parent_pid is None else parent_pid
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        argv = []
-    return grpc_url_from_args(argv)
+    return grpc_url_from_args(server_argv(parent_pid))
 
 
 def grpc_url_from_args(argv: Sequence[str]) -> str:
@@ -38,11 +33,9 @@ def grpc_url_from_args(argv: Sequence[str]) -> str:
     parser.add_argument("--allow-grpc", default="true")
     parser.add_argument("--grpc-address", default="0.0.0.0")
     parser.add_argument("--grpc-port", default="8001")
-    # tritonserver takes --grpc_port as well as --grpc-port
-    normalised = [_dashed(a) for a in argv[1:]]
     try:
-        opts, _ = parser.parse_known_args(normalised)
-    except argparse.ArgumentError as e:
+        opts = known_args(argv, parser)
+    except ValueError as e:
         raise ValueError(f"cannot read the gRPC endpoint from the tritonserver command line: "
                          f"{e}") from e
     if opts.allow_grpc.lower() in ("false", "0", "no"):
@@ -50,13 +43,6 @@ def grpc_url_from_args(argv: Sequence[str]) -> str:
                          "transport needs it (or set triton_url / OMNI_TRITON_GRPC_URL)")
     host = "127.0.0.1" if opts.grpc_address in ("", "0.0.0.0", "::") else opts.grpc_address
     return f"{host}:{opts.grpc_port}"
-
-
-def _dashed(arg: str) -> str:
-    if not arg.startswith("--"):
-        return arg
-    key, eq, value = arg[2:].partition("=")
-    return f"--{key.replace('_', '-')}{eq}{value}"
 
 
 def url_host(url: str) -> str:
