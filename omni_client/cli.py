@@ -30,7 +30,7 @@ from PIL import Image
 
 from omni_client.client import OmniClient
 from omni_client.errors import BadRequestError, OmniClientError, UnavailableError
-from omni_client.media import AUDIO_FORMATS, encode_audio
+from omni_client.media import AUDIO_FORMATS, audio_format, write_audio
 from omni_client.types import AudioChunk, ChatResult, Event, ImageOutput, TextDelta
 
 DEFAULT_URL = "localhost:8001"
@@ -134,21 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- output files --------------------------------------------------------------------------
 
-def audio_format(path: str, fmt: str | None = None, *, option: str = "--output") -> str:
-    """The audio format to write `path` in: `fmt`, else the path's suffix.
-
-    Raises:
-        BadRequestError: no format given and the suffix is not one of AUDIO_FORMATS.
-    """
-    if fmt is not None:
-        return fmt
-    suffix = Path(path).suffix.lower().lstrip(".")
-    if suffix not in AUDIO_FORMATS:
-        raise BadRequestError(f"{option}: cannot tell the audio format of {path!r}; use a "
-                              f"{', '.join('.' + f for f in AUDIO_FORMATS)} suffix or --format")
-    return suffix
-
-
 def _check_image_path(path: str, option: str) -> None:
     suffix = Path(path).suffix.lower()
     if suffix and suffix not in Image.registered_extensions():
@@ -164,10 +149,6 @@ def write_image(path: str, image: ImageOutput) -> None:
     if Path(path).suffix.lower() in (".jpg", ".jpeg"):
         picture = picture.convert("RGB")
     picture.save(path)
-
-
-def write_audio(path: str, samples: Any, sample_rate: int, fmt: str) -> None:
-    Path(path).write_bytes(encode_audio(samples, sample_rate, fmt))
 
 
 # --- progress on stderr ----------------------------------------------------------------------
@@ -259,7 +240,7 @@ def chat_summary(result: ChatResult, *, first_token_s: float | None, total_s: fl
 
 def run_chat(client: OmniClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
     audio_fmt = None if args.audio_out is None else audio_format(args.audio_out,
-                                                                 option="--audio-out")
+                                                                 field="--audio-out")
     if args.image_out is not None:
         _check_image_path(args.image_out, "--image-out")
     modalities = None
@@ -330,7 +311,7 @@ def run_image(client: OmniClient, args: argparse.Namespace, out: TextIO, err: Te
 
 
 def run_speech(client: OmniClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
-    fmt = audio_format(args.output, args.format)
+    fmt = audio_format(args.output, args.format, field="--output", fmt_option="--format")
     progress = Progress(err, live=_isatty(err), quiet=args.quiet)
     started = time.monotonic()
     with Ticker(progress, "speaking:"):

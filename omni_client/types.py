@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import soundfile as sf
 from PIL import Image
+
+from omni_client.media import write_audio
 
 
 @dataclass(frozen=True)
@@ -180,14 +181,16 @@ class ChatResult:
         return result
 
     def save_audio(self, path: str | os.PathLike[str]) -> None:
-        """Write the spoken reply to `path` (format from the suffix: .wav, .flac, .ogg).
+        """Write the spoken reply to `path`, format from the suffix: .wav (16-bit PCM),
+        .flac, .ogg or .pcm (raw 16-bit little-endian).
 
         Raises:
             ValueError: the reply has no audio.
+            BadRequestError: the suffix is none of those.
         """
         if self.audio is None or self.sample_rate is None:
             raise ValueError("this reply has no audio (ask for modalities=['text', 'audio'])")
-        sf.write(os.fspath(path), self.audio, self.sample_rate)
+        write_audio(path, self.audio, self.sample_rate)
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,5 +204,10 @@ class SpeechResult(AudioChunk):
     codec_ids: list[int] = field(default_factory=list)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the audio to `path` (format from the suffix: .wav, .flac, .ogg)."""
-        sf.write(os.fspath(path), self.samples, self.sample_rate)
+        """Write the audio to `path`, format from the suffix: .wav (16-bit PCM), .flac,
+        .ogg or .pcm (raw 16-bit little-endian).
+
+        Raises:
+            BadRequestError: the suffix is none of those.
+        """
+        write_audio(path, self.samples, self.sample_rate)

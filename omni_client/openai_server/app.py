@@ -235,12 +235,12 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
         first, rest = await _first_and_rest(events)
         front.requests.labels("/v1/audio/speech", "200").inc()
         media = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}[fmt]
-        if fmt == "flac":  # FLAC needs every sample before it can be written
+        if body.sent_whole():  # a file whose header has its length needs every sample first
             chunks = [e for e in first + [e async for e in rest] if isinstance(e, AudioChunk)]
             if not chunks:
                 raise p.OpenAIError(500, "the pipeline sent no audio", type_="server_error")
             samples = np.concatenate([c.samples for c in chunks])
-            return Response(encode_audio(samples, chunks[0].sample_rate, "flac"), media_type=media)
+            return Response(encode_audio(samples, chunks[0].sample_rate, fmt), media_type=media)
         return StreamingResponse(speech_stream(first, rest, fmt), media_type=media)
 
     # --- web demo --------------------------------------------------------------------

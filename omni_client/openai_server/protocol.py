@@ -309,3 +309,11 @@ class SpeechRequest(_Body):
             raise OpenAIError(400, "stream_format 'sse' is not supported; the audio bytes are "
                                    "streamed as they are made", param="stream_format")
         return self.response_format
+
+    def sent_whole(self) -> bool:
+        """Whether the body is one file made once every sample is there, its real length in
+        its header: FLAC always, WAV unless `stream_format: "audio"` asks for it streamed
+        (then behind an open-ended header, as OpenAI streams WAV). PCM has no header and
+        always streams."""
+        return self.response_format == "flac" or (
+            self.response_format == "wav" and self.stream_format != "audio")

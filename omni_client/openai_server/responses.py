@@ -2,14 +2,14 @@
 
 Runs in the omni-openai process. Turns omni_client events (TextDelta,
 AudioChunk, CodecIds, Final) into OpenAI's JSON objects: a whole
-`chat.completion`, or `chat.completion.chunk`s as server-sent events; speech
-as PCM16 (behind a streaming WAV header for "wav").
+`chat.completion`, or `chat.completion.chunk`s as server-sent events; streamed
+speech as PCM16 (behind an open-ended WAV header for "wav"). Every audio byte
+comes from omni_client.media's encoder (16-bit PCM WAV).
 """
 from __future__ import annotations
 
 import base64
 import json
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,7 +24,7 @@ from omni_client.errors import (
     RequestTimeoutError,
     UnavailableError,
 )
-from omni_client.media import encode_audio
+from omni_client.media import encode_audio, streaming_wav_header
 from omni_client.openai_server import protocol as p
 from omni_client.types import AudioChunk, CodecIds, Event, Final, TextDelta, Usage
 
@@ -60,14 +60,6 @@ def usage_of(usage: Usage | None) -> dict[str, int] | None:
 
 def pcm16(samples: np.ndarray) -> bytes:
     return encode_audio(samples, 24000, "pcm")  # the rate is not used for raw PCM
-
-
-def streaming_wav_header(sample_rate: int) -> bytes:
-    """A 16-bit mono WAV header whose sizes say "unknown" (0xFFFFFFFF), for a streamed body."""
-    unknown = 0xFFFFFFFF
-    return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", unknown))
 
 
 class ChatCompletion:

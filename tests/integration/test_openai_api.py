@@ -13,8 +13,11 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
+from omni_client import OmniClient
+from omni_client.media import streaming_wav_header
 from omni_tools.server import OpenAIFrontend, free_port
 from tests.integration.omni_io import png
+from tests.wav_check import assert_pcm16_wav, read_wave
 
 pytestmark = pytest.mark.integration
 
@@ -77,15 +80,22 @@ def test_vllm_sampling_extensions_reach_the_engine(client, model):
     assert top1.usage.completion_tokens == 16 and top1.choices[0].finish_reason == "length"
 
 
-def test_chat_with_audio_out_streamed_and_whole(client):
+def test_chat_with_audio_out_streamed_and_whole(client, omni_chat_server):
     kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
                   modalities=["text", "audio"], **GREEDY)
     whole = client.chat.completions.create(**kwargs, audio={"voice": VOICE, "format": "wav"})
     audio = whole.choices[0].message.audio
-    samples, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="float32")
+    wav = base64.b64decode(audio.data)
+    samples, rate = sf.read(io.BytesIO(wav), dtype="float32")
     assert rate == 24000 and samples.ndim == 1 and samples.size > 0
-    assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
     assert whole.choices[0].message.content is None and audio.transcript
+    # the same request through the SDK: its float samples are the WAV's, within one PCM16
+    # step, read by Python's wave module as by soundfile (the header has the real length)
+    with OmniClient(omni_chat_server.grpc_url) as sdk:
+        floats = sdk.chat("say something", modalities=["text", "audio"], speaker=VOICE,
+                          seed=GREEDY["seed"], sampling_parameters={"max_tokens": 16, **GREEDY})
+    assert floats.text == audio.transcript
+    assert_pcm16_wav(wav, floats.audio, 24000)
 
     transcript, pcm = [], []
     stream = client.chat.completions.create(**kwargs, audio={"voice": VOICE, "format": "pcm16"},
@@ -99,10 +109,8 @@ def test_chat_with_audio_out_streamed_and_whole(client):
                     pcm.append(np.frombuffer(base64.b64decode(delta_audio.data), "<i2"))
     assert len(pcm) > 1  # audio arrived in several chunks
     assert "".join(transcript) == audio.transcript
-    streamed = np.concatenate(pcm).astype(np.float32) / 32767.0
-    # same seed, same greedy reply: the same speech, up to 16-bit rounding
-    assert streamed.size == samples.size
-    assert np.abs(streamed - samples).max() < 1e-3
+    # same seed, same greedy reply: the same speech, the WAV's very samples
+    assert np.concatenate(pcm).tobytes() == wav[44:]
 
 
 def test_openai_voices_speak_and_the_talker_options_pass_through(client):
@@ -166,15 +174,26 @@ def test_images_generate(client):
     assert result.data[1].b64_json != result.data[0].b64_json  # n images get their own seeds
 
 
-def test_audio_speech_formats_and_streaming(client):
+def test_audio_speech_formats_and_streaming(client, omni_chat_server):
     text = "one two three four five six seven eight nine ten"
     wav = client.audio.speech.create(model="omni", voice=VOICE, input=text,
                                      response_format="wav", extra_body={"seed": 5})
     samples, rate = sf.read(io.BytesIO(wav.content), dtype="float32")
     assert rate == 24000 and samples.size > 0
+    # one 16-bit PCM file with its real length: the SDK's float samples within one step
+    with OmniClient(omni_chat_server.grpc_url) as sdk:
+        floats = sdk.speech(text, voice=VOICE, seed=5)
+    assert_pcm16_wav(wav.content, floats.samples, floats.sample_rate)
     pcm = client.audio.speech.create(model="omni", voice=VOICE, input=text,
                                      response_format="pcm", extra_body={"seed": 5})
-    assert len(pcm.content) == 2 * samples.size
+    assert pcm.content == wav.content[44:]  # raw: the WAV's data
+    with client.audio.speech.with_streaming_response.create(
+            model="omni", voice=VOICE, input=text, response_format="wav", stream_format="audio",
+            extra_body={"seed": 5}) as response:
+        streamed_wav = b"".join(response.iter_bytes())
+    # streamed: an open-ended header (sizes 0xFFFFFFFF), then the same samples
+    assert streamed_wav[:44] == streaming_wav_header(24000) and streamed_wav[44:] == pcm.content
+    assert read_wave(streamed_wav)[0].tobytes() == pcm.content
     flac = client.audio.speech.create(model="omni", voice=VOICE, input=text,
                                       response_format="flac", extra_body={"seed": 5})
     flac_samples, flac_rate = sf.read(io.BytesIO(flac.content), dtype="float32")
