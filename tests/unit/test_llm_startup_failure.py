@@ -8,8 +8,8 @@ Qwen2.5-Omni-7B talker hit before its attention honoured head_dim.
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import shutil
 
 import pytest
