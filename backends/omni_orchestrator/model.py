@@ -2,7 +2,8 @@
 
 Thin by design: engine.json -> OrchestratorConfig; each request is parsed,
 then runs as one task of OmniPipeline on the orchestrator's own event loop,
-calling the other stages over Triton gRPC (or BLS with `transport: bls`).
+calling the other stages over Triton gRPC (this server's own endpoint, or
+another server's for a remote stage).
 Its events go out through the shared
 ResponseSender (text deltas, audio chunks and codec ids that pile up are
 merged into one response); a client cancel cancels the task, which aborts
@@ -21,7 +22,6 @@ import numpy as np
 
 from omni_serve.adapter import StageModel
 from omni_serve.contract import OMNI, OMNI_CONTRACT
-from omni_serve.orchestrator.bls_client import BlsStageClient
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.locality import local_grpc_url, remote_endpoints
 from omni_serve.orchestrator.pipeline import (
@@ -130,14 +130,11 @@ class TritonPythonModel(StageModel):
         # Child request ids name the request a stage is asked to abort in-band: unique
         # across instances and servers that share a stage.
         self._instance_tag = secrets.token_hex(3)
-        if self.cfg.transport == "bls":
-            self.client = BlsStageClient()
-        else:
-            remote = remote_endpoints(self.cfg)
-            self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote,
-                                       call_timeout_s=self.cfg.stage_timeout_s,
-                                       watch_stubs=not self.cfg.triton_url)
-            log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
+        remote = remote_endpoints(self.cfg)
+        self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote,
+                                   call_timeout_s=self.cfg.stage_timeout_s,
+                                   watch_stubs=not self.cfg.triton_url)
+        log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client, _chat_prompt(self.cfg))
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever,
@@ -220,14 +217,11 @@ class TritonPythonModel(StageModel):
     def finalize(self):
         for task in asyncio.all_tasks(self.loop):
             self.loop.call_soon_threadsafe(task.cancel)
-        if not isinstance(self.client, BlsStageClient):
-            # unregisters the shared-memory regions a remote server may still hold
-            try:
-                asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=10)
-            except Exception as e:
-                log.warning("[%s] closing the stage clients: %s", self.model_name, e)
+        # unregisters the shared-memory regions a remote server may still hold
+        try:
+            asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=10)
+        except Exception as e:
+            log.warning("[%s] closing the stage clients: %s", self.model_name, e)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
-        if isinstance(self.client, BlsStageClient):
-            self.client.close()
         self.sender.close()

@@ -336,6 +336,12 @@ def test_modalities_need_their_stages():
     assert req.modalities == ("audio", "text")
 
 
+def test_an_engine_json_with_a_removed_setting_says_what_to_do_instead():
+    with pytest.raises(ValueError, match="transport: removed: the stages are always called "
+                       "over Triton gRPC .*Delete the key"):
+        config(transport="grpc")
+
+
 @pytest.mark.parametrize("argv,url", [
     (["tritonserver", "--model-repository=/r"], "127.0.0.1:8001"),
     (["tritonserver", "--model-repository", "/r", "--grpc-port", "9101"], "127.0.0.1:9101"),

@@ -308,9 +308,13 @@ class StageSpec(_Strict):
         backend = info.data.get("backend", "omni_llm")
         problems = []
         known = None
+        removed = removed_engine_args(backend)
         for key, value in engine_args.items():
             if key == "model":
                 problems.append(((key,), MODEL_IN_ENGINE_ARGS))
+                continue
+            if key in removed:
+                problems.append(((key,), removed[key]))
                 continue
             known = known if known is not None else engine_arg_names(backend)
             if known is not None and key not in known:
@@ -611,6 +615,11 @@ def engine_arg_names(backend: str) -> frozenset[str] | None:
     if config is not None:
         return frozenset(config.model_fields) - {"model"}
     return vllm_engine_arg_names()
+
+
+def removed_engine_args(backend: str) -> dict[str, str]:
+    """engine_args keys the backend no longer has, each with what to do instead."""
+    return getattr(stage_config_class(backend), "REMOVED_SETTINGS", {})
 
 
 def _unknown_engine_arg(key: str, known: frozenset[str], backend: str = "omni_llm") -> str:

@@ -6,12 +6,11 @@ generator writes it from the pipeline spec. Unknown keys are an error.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Mode = Literal["pipelined", "sequential"]
-Transport = Literal["grpc", "bls"]
 
 
 QWEN_OMNI_SYSTEM_PROMPT = (
@@ -160,15 +159,20 @@ class RemoteStage(BaseModel):
 class OrchestratorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Settings that are gone: engine.json and omni-gen-repo's spec check name what to do.
+    REMOVED_SETTINGS: ClassVar[dict[str, str]] = {
+        "transport": "removed: the stages are always called over Triton gRPC (this "
+                     "server's own endpoint, `triton_url`, or the spec's `servers:` for "
+                     "stages elsewhere); BLS crashed Triton 2.51's stub under load. "
+                     "Delete the key",
+    }
+
     stages: StageRoles
     mode: Mode = "pipelined"
-    # How stages are called: "grpc" (Triton gRPC; this server's own endpoint,
-    # read from its command line, unless `triton_url` names another) or "bls"
-    # (Python-backend BLS; crashes Triton 2.51's stub under concurrent load,
-    # see docs/omni-chat.md).
-    transport: Transport = "grpc"
+    # Stages are called over Triton gRPC: this server's own endpoint (read from
+    # its command line) unless `triton_url` names another.
     triton_url: str | None = None
-    # Stages on other servers, by model name (grpc transport only).
+    # Stages on other servers, by model name.
     remote: dict[str, RemoteStage] = Field(default_factory=dict)
     # The thinker's tokenizer folder (omni-gen-repo writes it; the orchestrator needs
     # it): its chat template renders the thinker's prompts (orchestrator/prompt.py),
@@ -220,13 +224,21 @@ class OrchestratorConfig(BaseModel):
     # Largest media a request may carry (bytes), checked before any stage runs.
     max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            gone = [f"{key}: {cls.REMOVED_SETTINGS[key]}" for key in data
+                    if key in cls.REMOVED_SETTINGS]
+            if gone:
+                raise ValueError("; ".join(gone))
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
         speech = (self.stages.talker, self.stages.audio_decoder)
         if any(speech) and not all(speech):
             raise ValueError("stages.talker and stages.audio_decoder go together (speech needs both)")
-        if self.remote and self.transport != "grpc":
-            raise ValueError("remote stages need transport grpc")
         self._check_voices()
         return self
 

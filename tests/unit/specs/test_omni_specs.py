@@ -157,6 +157,15 @@ def test_bad_omni_specs_name_the_key(tmp_path, models, change, expected):
     assert problems(tmp_path, data) == [expected]
 
 
+def test_a_removed_orchestrator_setting_says_what_to_do_instead(tmp_path, models):
+    data = omni_spec(models)
+    data["stages"]["omni"]["engine_args"]["transport"] = "bls"
+    (problem,) = problems(tmp_path, data)
+    assert problem.startswith("stages.omni.engine_args.transport: removed: the stages are "
+                              "always called over Triton gRPC")
+    assert problem.endswith("Delete the key")
+
+
 def test_engine_arg_values_are_checked_by_the_stage_config_before_writing(tmp_path, models):
     data = omni_spec(models)
     data["stages"]["omni"]["engine_args"]["mode"] = "eager"
