@@ -63,7 +63,7 @@ class StageFailedError(RuntimeError):
 # An error response on a Triton gRPC stream reaches the caller as its message only
 # (the code is lost) unless the stream was opened with the `triton_grpc_error: true`
 # header. Triton before 2.53 (NGC 24.12, server PR #7840) can crash with that header
-# when streams end in errors (tools/stress_stream_errors.py: Signal 11 after ~4000
+# when streams end in errors (`omni-bench stream-errors`: Signal 11 after ~4000
 # such streams on 2.51), so on those releases nothing of this project sends it and
 # the code is read back from the message by `code_of_message`.
 

@@ -139,3 +139,26 @@ def test_the_transformers_scenario_keeps_models_it_did_not_measure_when_lengths_
     assert tb.kept_models(previous, now) == {"0.5b": {"levels": "kept"}}
     assert tb.kept_models({**previous, "talker_tokens": 128}, now) == {}
     assert tb.kept_models(None, now) == {}
+
+
+# --- split: omni-chat on one server vs the thinker on a second one ---------------------
+
+
+def test_split_puts_the_thinker_alone_on_the_engine_server(tmp_path) -> None:
+    from omni_tools import spec
+    from omni_tools.bench import split
+
+    data = spec.load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
+    parsed = spec.parse_spec(split.split_spec(data), base_dir=tmp_path)  # a valid spec
+    servers = {name: stage.server for name, stage in parsed.stages.items()}
+    assert servers.pop("llm") == "engine" and set(servers.values()) == {"front"}
+    assert split.NO_SHM in servers and parsed.stages[split.NO_SHM].env == {
+        "OMNI_SERVER_ENGINE_SHM": "none"}
+    assert "server" not in data["stages"]["llm"]  # the preset's own data is left alone
+
+
+def test_split_reads_the_thinkers_row_width_from_an_omni_or_a_plain_config() -> None:
+    from omni_tools.bench import split
+
+    assert split.thinker_width({"thinker_config": {"text_config": {"hidden_size": 896}}}) == 896
+    assert split.thinker_width({"hidden_size": 128}) == 128

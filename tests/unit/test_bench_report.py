@@ -96,12 +96,63 @@ def test_omni_bench_all_can_parse_each_scenarios_quick_arguments(name):
     sub = argparse.ArgumentParser(prog=name, exit_on_error=False)
     scenario.add_arguments(sub)
     args = sub.parse_args(list(scenario.quick))
-    if hasattr(args, "script_args"):  # passed on to the tools/bench_*.py script as they are
-        assert [a for a in args.script_args if a != "--"] == list(scenario.quick)[1:]
+    if hasattr(args, "module_args"):  # passed on to the child's command line as they are
+        assert [a for a in args.module_args if a != "--"] == list(scenario.quick)[1:]
+
+
+CHILD_MODULES = {"llm": "llm_stage", "dit": "dit_batching", "dit-cache": "dit_cache",
+                 "pipelining": "pipelining", "split": "split", "spin": "spin",
+                 "cold-start": "cold_start", "hidden-states": "hidden_states",
+                 "stream-errors": "stream_errors", "unary-cancel": "unary_cancel"}
+
+
+class _Parsed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name,module", CHILD_MODULES.items())
+def test_each_child_scenario_runs_its_module_which_writes_the_scenarios_one_file(
+        name, module, monkeypatch):
+    """`omni-bench NAME` runs `python -m omni_tools.bench.MODULE ... --out FILE`; run alone,
+    the module writes docs/benchmarks/NAME.json, the scenario's one results file."""
+    import importlib
+
+    scenario = {s.name: s for s in cli.SCENARIOS}[name]
+    ap = argparse.ArgumentParser()
+    scenario.add_arguments(ap)
+    assert f"python -m omni_tools.bench.{module}" in " ".join(ap.format_help().split())
+    child = importlib.import_module(f"omni_tools.bench.{module}")
+    parse = argparse.ArgumentParser.parse_args
+    parsed = {}
+
+    def defaults_only(parser, args=None, namespace=None):
+        parsed["args"] = parse(parser, [], namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", defaults_only)
+    with pytest.raises(_Parsed):
+        child.main([])
+    assert parsed["args"].out == scenario.results_path
+
+
+def test_on_demand_scenarios_stay_out_of_all_and_off_the_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(scenario, "RESULTS_DIR", tmp_path / "results")
+    on_demand = [s.name for s in cli.SCENARIOS if not s.in_all]
+    assert on_demand == ["split", "spin", "cold-start", "hidden-states", "stream-errors",
+                         "unary-cancel"]
+    with pytest.raises(SystemExit):  # `all --skip` only names scenarios `all` runs
+        cli.parser().parse_args(["all", "--skip", "spin"])
+    spin = {s.name: s for s in cli.SCENARIOS}["spin"]
+    spin.save({"summary": {}})
+    page = report.render(cli.SCENARIOS, "omni-bench all")
+    assert "## " + spin.title not in page
+    assert "`omni-bench spin`: " + spin.title in page
+    assert "Not run into this page: " in page and "spin" not in page.split(
+        "Not run into this page: ")[1].split("\n")[0]
 
 
 def test_pipelining_takes_first_audio_of_a_128_token_reply_from_the_length_sweep():
-    from omni_tools.bench import scripts
+    from omni_tools.bench import subprocess_scenarios as scripts
 
     side = {"requests_s": 1.0, "ttfa_over_total_p50": 0.3, "audio_s_mean": 5.0}
     results = {"max_tokens": 64, "talker_codes": 256, "sweep_codes_per_token": 15,

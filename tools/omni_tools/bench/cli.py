@@ -3,7 +3,8 @@
 Runs in the user's shell. `omni-bench <scenario> [args]` runs one scenario and keeps
 its JSON results; `omni-bench all` runs every scenario with its quick arguments (one
 after another, nothing else running beside them), then the report; `omni-bench report`
-only rewrites the page from the results files there are.
+only rewrites the page from the results files there are. On-demand scenarios
+(`omni-bench spin`, ...) run only when named.
 """
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ from omni_tools.bench import (
     openai_images,
     profile,
     report,
-    scripts,
     transformers_baseline,
     vllm_omni,
 )
+from omni_tools.bench import subprocess_scenarios as child
 from omni_tools.bench.scenario import Scenario
 
 SCENARIOS: tuple[Scenario, ...] = (
-    openai_chat.SCENARIO, transformers_baseline.SCENARIO, scripts.LLM, scripts.DIT,
-    scripts.DIT_CACHE, scripts.PIPELINING, profile.SCENARIO, vllm_omni.SCENARIO,
-    openai_images.SCENARIO)
+    openai_chat.SCENARIO, transformers_baseline.SCENARIO, child.LLM, child.DIT,
+    child.DIT_CACHE, child.PIPELINING, profile.SCENARIO, vllm_omni.SCENARIO,
+    openai_images.SCENARIO,
+    # on demand
+    child.SPLIT, child.SPIN, child.COLD_START, child.HIDDEN_STATES, child.STREAM_ERRORS,
+    child.UNARY_CANCEL)
 
 
 def _by_name() -> dict[str, Scenario]:
@@ -38,8 +42,10 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="scenario", required=True)
     for s in SCENARIOS:
         s.add_arguments(sub.add_parser(s.name, help=s.title))
-    every = sub.add_parser("all", help="every scenario (quick arguments), then the report")
-    every.add_argument("--skip", nargs="*", default=[], choices=[s.name for s in SCENARIOS])
+    every = sub.add_parser("all", help="every scenario but the on-demand ones (quick "
+                                       "arguments), then the report")
+    every.add_argument("--skip", nargs="*", default=[],
+                       choices=[s.name for s in SCENARIOS if s.in_all])
     sub.add_parser("report", help="rewrite docs/benchmarks.md from the results files")
     return ap
 
@@ -65,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.scenario == "all":
         t0 = time.monotonic()
         for s in SCENARIOS:
-            if s.name not in args.skip:
+            if s.in_all and s.name not in args.skip:
                 _run(s, s.quick)
         print(f"all: {time.monotonic() - t0:.0f} s", flush=True)
         command = "omni-bench all"

@@ -1,6 +1,6 @@
 """One text-to-image request to a DiT stage over Triton gRPC: the DiT benchmarks' request.
 
-Runs in a benchmark's client (tools/bench_dit.py's threads, `omni-bench vllm-omni`). Request
+Runs in a benchmark's client (`omni-bench dit`'s threads, `omni-bench vllm-omni`). Request
 `i` has a fixed prompt and seed `i`, so every side of a comparison and every run renders the
 same images; tools/bench/vllm_omni_run.py sends vLLM-Omni the same prompts and seeds.
 """

@@ -59,7 +59,8 @@ def ratio_table(ratios: Sequence[Ratio]) -> str:
 
 
 def render(scenarios: Sequence[Scenario], command: str) -> str:
-    loaded = [(s, s.load()) for s in scenarios]
+    on_demand = [s for s in scenarios if not s.in_all]
+    loaded = [(s, s.load()) for s in scenarios if s.in_all]
     ratios = [r for s, res in loaded if res is not None for r in s.ratios(res)]
     missing = [s.name for s, res in loaded if res is None]
     out = ["# Benchmarks", "",
@@ -75,6 +76,10 @@ def render(scenarios: Sequence[Scenario], command: str) -> str:
            "## Ratios against their targets", "", ratio_table(ratios), ""]
     if missing:
         out += [f"Not run into this page: {', '.join(missing)}.", ""]
+    if on_demand:
+        out += ["On demand (not in `omni-bench all`; their figures and what they decided are "
+                f"in [{NOTES}]({NOTES})): "
+                + "; ".join(f"`omni-bench {s.name}`: {s.title}" for s in on_demand) + ".", ""]
     for s, res in loaded:
         if res is None:
             continue

@@ -2,8 +2,9 @@
 
 Runs in the omni-bench process. A scenario module defines one `Scenario`; the CLI
 parses its arguments, calls `run` (which starts what it measures and returns
-JSON-able results), writes them to docs/benchmarks/<name>.json, and the report
-reads every results file back through the scenario's `ratios` and `plots`.
+JSON-able results), writes them to docs/benchmarks/<name>.json (one file per
+scenario), and the report reads every results file back through the scenario's
+`ratios` and `plots`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ RESULTS_DIR = ROOT / "docs" / "benchmarks"
 PLOTS_DIR = ROOT / "docs" / "images" / "benchmarks"
 
 Results = dict[str, Any]
+
+
+def results_file(name: str) -> Path:
+    """Where scenario `name` keeps its results: docs/benchmarks/<name>.json."""
+    return RESULTS_DIR / f"{name}.json"
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,13 @@ class Scenario:
     plots: Callable[[Results, Path], list[Path]] = lambda results, folder: []
     # a markdown table of the results (the report's section for this scenario)
     table: Callable[[Results], str] = lambda results: ""
+    # False: on demand only (`omni-bench <name>`), not in `omni-bench all` nor on the page
+    in_all: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def results_path(self) -> Path:
-        return RESULTS_DIR / f"{self.name}.json"
+        return results_file(self.name)
 
     def load(self) -> Results | None:
         path = self.results_path

@@ -1,4 +1,4 @@
-"""`omni-soak`: the load-and-soak tool's command line (tools/omni_soak.py is the same).
+"""`omni-soak`: the load-and-soak tool's command line.
 
 Runs in the caller's process. Either starts a tritonserver for a preset
 (the embedded default, omni-chat, unless told otherwise; generated with

@@ -13,9 +13,11 @@ per reply token (talker min_tokens = max_tokens, greedy: a random-weight talker 
 otherwise stop at an arbitrary point). Then, at concurrency 1 on the pipelined model,
 first audio against reply length for each of --lengths, spoken at --sweep-codes-per-token
 (15: Qwen2.5-Omni's codec runs at 50 codes per second of speech, and spoken English is
-~3.3 tokens per second, so a 128-token reply is ~38 s of speech).
+~3.3 tokens per second, so a 128-token reply is ~38 s of speech). The `pipelining`
+scenario of omni-bench (its child process); its request and level are shared with
+the `split` scenario.
 
-    .venv/bin/python tools/bench_omni.py
+    omni-bench pipelining -- --rounds 2
 """
 from __future__ import annotations
 
@@ -32,11 +34,13 @@ from pathlib import Path
 import numpy as np
 
 from omni_serve.contract import OMNI
+from omni_tools.bench.scenario import results_file
 
 MODES = {"pipelined": "omni", "sequential": "omni_sequential"}
 
 
-def _wav() -> bytes:
+def wav() -> bytes:
+    """1 s of a 330 Hz tone, 16 kHz WAV: every benchmark request's audio."""
     import soundfile as sf
 
     t = np.arange(16000) / 16000
@@ -143,14 +147,14 @@ def main(argv=None) -> int:
                     help="reply lengths for first audio vs reply length (concurrency 1)")
     ap.add_argument("--sweep-codes-per-token", type=int, default=15)
     ap.add_argument("--sweep-requests", type=int, default=2, help="requests per length")
-    ap.add_argument("--out", default="docs/benchmarks/omni_pipelining.json")
+    ap.add_argument("--out", type=Path, default=results_file("pipelining"))
     args = ap.parse_args(argv)
 
     data = spec.load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
     seq = json.loads(json.dumps(data["stages"]["omni"]))
     seq["engine_args"]["mode"] = "sequential"
     data["stages"][MODES["sequential"]] = seq
-    audio = _wav()
+    audio = wav()
     codes = args.codes_per_token * args.max_tokens
     results: dict = {"command": " ".join(["python", *sys.argv]), "max_tokens": args.max_tokens,
                      "talker_codes": codes, "codes_per_token": args.codes_per_token,

@@ -1,8 +1,11 @@
-"""Scenarios measured by the stand-alone benchmark scripts in tools/ (bench_*.py).
+"""Scenarios whose measurement runs in a child process: `python -m omni_tools.bench.<module>`.
 
-Runs in the omni-bench process; each script is a child process that starts its own
-servers and writes its JSON results, which omni-bench keeps as the scenario's results.
-`omni-bench llm -- --models qwen2-tiny` passes what follows `--` to the script.
+Runs in the omni-bench process; the child starts its own servers (or engines) and
+writes its JSON results, which omni-bench keeps as the scenario's results.
+`omni-bench llm -- --models qwen2-tiny` passes what follows `--` to the module's own
+command line (`python -m omni_tools.bench.llm_stage --help` lists it). The on-demand
+scenarios at the end are not part of `omni-bench all`: each answers one question
+about a setting or a Triton release; docs/benchmarks-notes.md has their figures.
 """
 from __future__ import annotations
 
@@ -18,28 +21,35 @@ from omni_tools.bench import plots
 from omni_tools.bench.scenario import ROOT, Ratio, Results, Scenario
 
 
-def _script_scenario(name: str, script: str, title: str, quick: list[str],
-                     ratios: Callable[[Results], list[Ratio]],
-                     table: Callable[[Results], str],
-                     draw: Callable[[Results, Path], list[Path]] | None = None) -> Scenario:
+def _child_scenario(name: str, module: str, title: str, quick: list[str],
+                    ratios: Callable[[Results], list[Ratio]] = lambda results: [],
+                    table: Callable[[Results], str] = lambda results: "",
+                    draw: Callable[[Results, Path], list[Path]] | None = None, *,
+                    in_all: bool = True) -> Scenario:
     def add_arguments(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("script_args", nargs=argparse.REMAINDER,
-                        help=f"arguments of tools/{script} (after --)")
+        ap.add_argument("module_args", nargs=argparse.REMAINDER,
+                        help=f"arguments of python -m omni_tools.bench.{module} (after --)")
 
     def run(args: argparse.Namespace) -> Results:
-        extra = [a for a in args.script_args if a != "--"]
+        extra = [a for a in args.module_args if a != "--"]
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as d:
             out = Path(d) / "results.json"
-            cmd = [sys.executable, str(ROOT / "tools" / script), *extra, "--out", str(out)]
+            cmd = [sys.executable, "-m", f"omni_tools.bench.{module}", *extra, "--out", str(out)]
             print("+", " ".join(cmd[1:]), flush=True)
-            subprocess.run(cmd, check=True, cwd=ROOT)
+            code = subprocess.run(cmd, cwd=ROOT).returncode
+            if not out.is_file():
+                raise subprocess.CalledProcessError(code, cmd)
             results = json.loads(out.read_text())
-        results["command"] = " ".join(["python", f"tools/{script}", *extra])
+        if code:  # a check that failed (a bound, a server that died): its results say how
+            print(f"{name}: the measurement exited with {code}", flush=True)
+            results["exit_code"] = code
+        results["command"] = " ".join(["omni-bench", name, *(["--", *extra] if extra else [])])
         return results
 
     return Scenario(name=name, title=title, add_arguments=add_arguments, run=run,
-                    quick=["--", *quick],  # the script's own flags, past omni-bench's parser
-                    ratios=ratios, table=table, plots=draw or (lambda results, folder: []))
+                    quick=["--", *quick],  # the module's own flags, past omni-bench's parser
+                    ratios=ratios, table=table, plots=draw or (lambda results, folder: []),
+                    in_all=in_all)
 
 
 # --- llm: the omni_llm stage in tritonserver vs the same AsyncLLM in-process -----------
@@ -78,8 +88,8 @@ def _llm_plots(results: Results, folder: Path) -> list[Path]:
     return out
 
 
-LLM = _script_scenario(
-    "llm", "bench_llm.py", "LLM stage: tritonserver vs the same vLLM AsyncLLM in-process",
+LLM = _child_scenario(
+    "llm", "llm_stage", "LLM stage: tritonserver vs the same vLLM AsyncLLM in-process",
     ["--models", "qwen2-tiny", "--rounds", "2", "--concurrency", "1", "8", "32"],
     _llm_ratios, _llm_table, _llm_plots)
 
@@ -110,8 +120,8 @@ def _dit_plots(results: Results, folder: Path) -> list[Path]:
                          "max_batch_size 1": [lv["mbs1_images_s"] for lv in levels.values()]})]
 
 
-DIT = _script_scenario("dit", "bench_dit.py", "DiT stage: Triton dynamic batching vs batch size 1",
-                       ["--rounds", "2", "--requests", "24"], _dit_ratios, _dit_table, _dit_plots)
+DIT = _child_scenario("dit", "dit_batching", "DiT stage: Triton dynamic batching vs batch size 1",
+                      ["--rounds", "2", "--requests", "24"], _dit_ratios, _dit_table, _dit_plots)
 
 
 # --- dit-cache: FirstBlockCache speed and quality -------------------------------------------
@@ -128,9 +138,9 @@ def _cache_table(results: Results) -> str:
     return "\n".join(rows)
 
 
-DIT_CACHE = _script_scenario("dit-cache", "bench_dit_cache.py",
-                             "DiT step cache (FirstBlockCache): speed and quality",
-                             ["--repeats", "2"], lambda results: [], _cache_table)
+DIT_CACHE = _child_scenario("dit-cache", "dit_cache",
+                            "DiT step cache (FirstBlockCache): speed and quality",
+                            ["--repeats", "2"], table=_cache_table)
 
 
 # --- pipelining: omni-chat pipelined vs stage by stage, first audio ------------------------
@@ -200,7 +210,30 @@ def _omni_plots(results: Results, folder: Path) -> list[Path]:
     return out
 
 
-PIPELINING = _script_scenario(
-    "pipelining", "bench_omni.py", "omni-chat: pipelined vs stage-by-stage, first audio",
+PIPELINING = _child_scenario(
+    "pipelining", "pipelining", "omni-chat: pipelined vs stage-by-stage, first audio",
     ["--rounds", "2", "--max-tokens", "64", "--requests-per-slot", "1"],
     _omni_ratios, _omni_table, _omni_plots)
+
+
+# --- on demand: not in `omni-bench all` (figures in docs/benchmarks-notes.md) ----------------
+
+SPLIT = _child_scenario(
+    "split", "split", "omni-chat on one tritonserver vs the thinker on a second one", [],
+    in_all=False)
+SPIN = _child_scenario(
+    "spin", "spin", "LLM stage: vLLM's sched_yield spin vs the omni plugin's short sleep", [],
+    in_all=False)
+COLD_START = _child_scenario(
+    "cold-start", "cold_start", "omni-chat: first speech requests on a fresh server, cancelled",
+    [], in_all=False)
+HIDDEN_STATES = _child_scenario(
+    "hidden-states", "hidden_states", "LLM stage: what streaming hidden states costs", [],
+    in_all=False)
+STREAM_ERRORS = _child_scenario(
+    "stream-errors", "stream_errors",
+    "Triton: gRPC streams that end in an error, with or without triton_grpc_error", [],
+    in_all=False)
+UNARY_CANCEL = _child_scenario(
+    "unary-cancel", "unary_cancel", "Triton: unary calls cancelled while queued, running or done",
+    [], in_all=False)

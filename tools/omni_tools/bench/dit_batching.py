@@ -4,9 +4,10 @@ One process (the client, tritonclient gRPC from threads) and two tritonserver
 children serving the text-to-image preset: one as generated (max_batch_size 8,
 dynamic batching), one with max_batch_size 1. Both stay up; every round
 measures each concurrency level on both, order alternating, so drift hits
-both alike. Reports images/s and the ratio batched / unbatched.
+both alike. Reports images/s and the ratio batched / unbatched. The `dit` scenario
+of omni-bench (its child process).
 
-    .venv/bin/python tools/bench_dit.py
+    omni-bench dit -- --rounds 2 --requests 24
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_tools.bench import dit_request
+from omni_tools.bench.scenario import results_file
 
 MODEL = "text_to_image"
 
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--out", default="docs/benchmarks/dit_batching.json")
+    ap.add_argument("--out", type=Path, default=results_file("dit"))
     args = ap.parse_args(argv)
 
     base = spec.load_preset("text-to-image")

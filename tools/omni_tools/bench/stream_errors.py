@@ -17,8 +17,10 @@ Measured on the 2-core development machine (Triton 2.51, N=8000, T=4):
     --sdk: see docs/benchmarks-notes.md
 Upstream: triton-inference-server/server #7368, fixed in 24.12 by PR #7840.
 
-    .venv/bin/python tools/stress_stream_errors.py --streams 8000 --threads 4 --strict
-    .venv/bin/python tools/stress_stream_errors.py --streams 8000 --threads 4 --sdk
+The `stream-errors` scenario of omni-bench (its child process; on demand).
+
+    omni-bench stream-errors -- --streams 8000 --threads 4 --strict
+    omni-bench stream-errors -- --streams 8000 --threads 4 --sdk
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from omni_tools import gen_repo, spec
+from omni_tools.bench.scenario import results_file
 from omni_tools.server import TritonServer
 
 
@@ -88,8 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--strict", action="store_true", help="send the triton_grpc_error header")
     ap.add_argument("--sdk", action="store_true", help="use OmniClient's defaults instead")
+    ap.add_argument("--out", type=Path, default=results_file("stream-errors"))
     args = ap.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="stress-stream-errors-"))
+    root = Path(tempfile.mkdtemp(prefix="bench-stream-errors-"))
     gen_repo.generate(spec.load_preset("text-chat"), root / "repo")
     log = root / "tritonserver.log"
     with TritonServer(root / "repo", log_path=log) as server:
@@ -103,12 +107,14 @@ def main(argv=None) -> int:
 
             done = list(pool.map(run, range(args.threads)))
         alive = server.proc.poll() is None
-        print(json.dumps({"strict": args.strict, "sdk": args.sdk, "threads": args.threads,
-                          "streams": sum(done), "alive": alive,
-                          "seconds": round(time.perf_counter() - t0, 1),
-                          "handle_cancellation_lines": log.read_text(errors="replace")
-                          .count("HandleCancellation called even when the context was not"),
-                          "log": str(log)}))
+        report = {"strict": args.strict, "sdk": args.sdk, "threads": args.threads,
+                  "streams": sum(done), "alive": alive,
+                  "seconds": round(time.perf_counter() - t0, 1),
+                  "handle_cancellation_lines": log.read_text(errors="replace")
+                  .count("HandleCancellation called even when the context was not"),
+                  "log": str(log)}
+    print(json.dumps(report))
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if alive else 1
 
 

@@ -5,10 +5,13 @@ sides use the same engine arguments and prompts; per round, one side's
 engine runs every concurrency level, then the other's (order alternating
 between rounds, one engine alive at a time). Reports output tokens/s and TTFT
 percentiles per side, the throughput ratio (triton / in-process) and the
-extra TTFT (triton - in-process) at p50 and p99.
+extra TTFT (triton - in-process) at p50 and p99. The `llm` scenario of omni-bench
+(its child process); the functions at the top are shared with the `spin` and `split`
+scenarios.
 
-    .venv/bin/python tools/bench_llm.py                      # both models
-    .venv/bin/python tools/bench_llm.py --models qwen2-tiny --rounds 1
+    omni-bench llm                                       # the quick set
+    omni-bench llm -- --models qwen2-tiny qwen2.5-0.5b-random --rounds 1
+    .venv/bin/python -m omni_tools.bench.llm_stage --report RESULTS.json   # the table
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import numpy as np
 
 from omni_serve.contract import LLM
+from omni_tools.bench.scenario import results_file
 
 ENGINE_ARGS = {"max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 64,
                "dtype": "float32"}
@@ -294,7 +298,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--min-requests", type=int, default=16)
-    ap.add_argument("--out", default="docs/benchmarks/llm_stage.json")
+    ap.add_argument("--out", type=Path, default=results_file("llm"))
     ap.add_argument("--no-pin", action="store_true", help="leave CPU placement to the OS")
     ap.add_argument("--report", metavar="JSON", help="only print the table of a results file")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",

@@ -4,9 +4,10 @@ Same requests (prompts, seeds, size, steps) with the cache off and on at
 several thresholds, one DitRunner (the stage's own runner), measured in one
 run. Reports the speedup (off time / on time) and PSNR / SSIM of the cached
 images against the uncached ones, plus where the uncached time goes (text
-encoder, transformer, VAE decode), which bounds what step caching can save.
+encoder, transformer, VAE decode), which bounds what step caching can save. The
+`dit-cache` scenario of omni-bench (its child process).
 
-    .venv/bin/python tools/bench_dit_cache.py
+    omni-bench dit-cache -- --repeats 2
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from omni_tools.bench.scenario import results_file
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -92,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--thresholds", nargs="+", type=float, default=[0.05, 0.1, 0.2, 0.4, 1.0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="docs/benchmarks/dit_cache.json")
+    ap.add_argument("--out", type=Path, default=results_file("dit-cache"))
     args = ap.parse_args(argv)
 
     path = (str(ensure_model(args.model[5:])) if args.model.startswith("tiny:") else args.model)

@@ -14,7 +14,9 @@ ends streams in-band. Measured on the 2-core development machine (Triton 2.51):
 N=1200, T=4: 19 s, alive, ready, served after, 0 HandleCancellation lines, 235
 CANCELED by Triton before they ran; N=6000, T=8: 47 s, the same, 1454 CANCELED.
 
-    .venv/bin/python tools/stress_unary_cancel.py --calls 6000 --threads 8
+The `unary-cancel` scenario of omni-bench (its child process; on demand).
+
+    omni-bench unary-cancel -- --calls 6000 --threads 8
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from omni_tools import gen_repo, spec
+from omni_tools.bench.scenario import results_file
 from omni_tools.server import TritonServer, metric_sample
 
 MODEL = "text_to_image"
@@ -57,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=1200)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--max-delay-ms", type=float, default=120.0)
+    parser.add_argument("--out", type=Path, default=results_file("unary-cancel"))
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="stress_unary_cancel_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-unary-cancel-") as tmp:
         root = Path(tmp)
         gen_repo.generate(spec.load_preset("text-to-image"), root / "repo")
         with TritonServer(root / "repo", log_path=root / "tritonserver.log") as server:
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     Path(server.log_path).read_text(errors="replace").count("HandleCancellation"),
             }
     print(json.dumps(report))
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if report["alive"] and report["ready"] and report["served_after"] else 1
 
 

@@ -11,13 +11,14 @@ wake-ups), how long
 after the last cancel every vLLM engine reports no running request, and
 whether any token was generated after that.
 
-    .venv/bin/python tools/bench_cold.py --out docs/benchmarks/cold_start.json
-    .venv/bin/python tools/bench_cold.py --busy 2   # beside two CPU-bound loops
-    .venv/bin/python tools/bench_cold.py --server-env OMNI_VLLM_SPIN_SLEEP_MAX_US=50
+    omni-bench cold-start
+    omni-bench cold-start -- --busy 2   # beside two CPU-bound loops
+    omni-bench cold-start -- --server-env OMNI_VLLM_SPIN_SLEEP_MAX_US=50
 
 Prints one line per request and per wave and a summary; exits non-zero when a
 first text took longer than `--ttft-bound` or an engine stayed busy for more
-than `--idle-bound` seconds after the cancels.
+than `--idle-bound` seconds after the cancels. The `cold-start` scenario of
+omni-bench (its child process; on demand).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from omni_client import AsyncOmniClient, AudioChunk, TextDelta
+from omni_tools.bench.scenario import results_file
 from omni_tools.server import TritonServer, metric_sample
 
 ENGINES = ("llm", "talker")
@@ -127,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the server (repeatable), e.g. "
                         "OMNI_VLLM_SPIN_SLEEP_MAX_US=50 for the earlier fixed 50 us polls")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, default=results_file("cold-start"))
     args = p.parse_args(argv)
     server_env = dict(item.split("=", 1) for item in args.server_env)
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_cold_"))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cold-start-"))
     repo = args.repo or tmp / "repo"
     if args.repo is None:
         subprocess.run([str(Path(sys.prefix) / "bin" / "omni-gen-repo"), "--preset", "omni-chat",
@@ -170,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"first text: worst {max(ttfts):.3f} s of {len(ttfts)} requests; longest silence in a "
           f"stream {silence:.3f} s; heartbeat gap {worst_beat:.3f} s; engines idle at worst "
           f"{worst_idle:.3f} s after the cancels; {late_tokens:g} tokens generated after that")
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     ok = max(ttfts) <= args.ttft_bound and worst_idle <= args.idle_bound and late_tokens == 0
     return 0 if ok else 1
 

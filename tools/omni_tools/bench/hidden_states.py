@@ -7,9 +7,10 @@ order rotating between rounds, so drift hits all alike. A request streams
 gRPC streams) reads every response, and in shm mode also reads the rows from the
 file and deletes it, as a caller on this host does. Prints one JSON document:
 per level and mode the generated tokens/s (median over rounds) and the median over
-rounds of its ratio to off in the same round.
+rounds of its ratio to off in the same round. The `hidden-states` scenario of
+omni-bench (its child process; on demand).
 
-    .venv/bin/python tools/bench_hidden_states.py --rounds 5 --out docs/benchmarks/hidden_states.json
+    omni-bench hidden-states -- --rounds 7 --requests 24
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import tritonclient.grpc as grpcclient
 from omni_serve.contract import LLM
 from omni_serve.llm.hidden_states import read_rows
 from omni_tools import gen_repo, spec
+from omni_tools.bench.scenario import results_file
 from omni_tools.server import TritonServer
 
 MODES = ("off", "tensors", "shm")
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--levels", default="1,8")
     ap.add_argument("--requests", type=int, default=16, help="per level, mode and round")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--out", type=Path, default=results_file("hidden-states"))
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.levels.split(",")]
     root = Path(tempfile.mkdtemp(prefix="bench-hidden-states-"))
@@ -117,8 +119,7 @@ def main(argv=None) -> int:
     text = json.dumps({"max_tokens": args.max_tokens, "requests": args.requests,
                        "rounds": args.rounds, "levels": report}, indent=1)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    args.out.write_text(text + "\n")
     return 0
 
 

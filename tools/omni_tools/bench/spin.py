@@ -9,7 +9,7 @@ alive at a time, optionally beside `--busy N` CPU-bound processes (other
 work on the host), and measures per side:
 
 - throughput and TTFT at each concurrency (perf_analyzer, C++ client, gRPC
-  streaming; as tools/bench_llm.py);
+  streaming; as the llm scenario);
 - other processes' timer wake-ups while one long reply streams: a process
   beside the server sleeps 20 ms in a loop; its longest gap is reported;
 - delivery: when the first streamed response of that reply reaches a
@@ -18,8 +18,10 @@ work on the host), and measures per side:
 - cancellation: requests cancelled a fixed 0.3 s after they were sent; how
   many tokens the engine still generated (the reply is 1800 tokens).
 
-    .venv/bin/python tools/bench_spin.py --rounds 2 --busy 0 --out docs/benchmarks/spin_quiet.json
-    .venv/bin/python tools/bench_spin.py --report docs/benchmarks/spin_quiet.json
+The `spin` scenario of omni-bench (its child process; on demand).
+
+    omni-bench spin -- --rounds 2 --busy 0
+    .venv/bin/python -m omni_tools.bench.spin --report docs/benchmarks/spin.json   # the table
 """
 from __future__ import annotations
 
@@ -34,12 +36,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_llm import ENGINE_ARGS, pct, perf_analyzer_level
 
 from omni_client._llm_io import build_inputs
 from omni_serve.llm.vllm_plugin import ENV, MAX_ENV
+from omni_tools.bench.llm_stage import ENGINE_ARGS, pct, perf_analyzer_level
+from omni_tools.bench.scenario import results_file
 
 # vLLM's own spin; the plugin's default (50 us doubling to 1 ms); a fixed 50 us (the earlier default)
 SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep50": {MAX_ENV: "50"}}
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cancels", type=int, default=5)
     ap.add_argument("--busy", type=int, default=0,
                     help="CPU-bound processes to run beside the server (other work on the host)")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, default=results_file("spin"))
     ap.add_argument("--report", type=Path, help="only print the table of a results file")
     args = ap.parse_args(argv)
     if args.report:
@@ -250,7 +251,7 @@ def main(argv=None) -> int:
     from omni_tools import gen_repo, spec
     from omni_tools.tiny_models import ensure_model
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench_spin-"))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-spin-"))
     path = ensure_model("qwen2-tiny")
     data = {"pipeline": "bench", "stages": {"llm": {
         "backend": "omni_llm", "model": str(path), "engine_args": ENGINE_ARGS}}}
@@ -271,8 +272,7 @@ def main(argv=None) -> int:
               "rounds": args.rounds, "busy": args.busy, "concurrency": args.concurrency,
               "sides": sides, "summary": summarize(runs, args.concurrency, sides), "runs": runs}
     print(to_markdown(report))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1))
+    args.out.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -9,8 +9,8 @@ Sides, on this machine, only one side's servers alive at a time:
 Rounds alternate the order (one, split | split, one | ...); a side that runs
 twice in a row keeps its servers. Per visit:
   load   speech requests (text + 1 s WAV in, text + speech out) at --concurrency:
-         requests/s, p50/p99 of total, first text and first audio (bench_omni's
-         client), each stage's seconds from the requests' `metrics` JSON, and
+         requests/s, p50/p99 of total, first text and first audio (the pipelining
+         scenario's client), each stage's seconds from the requests' `metrics` JSON, and
          CPU-seconds per request of all the side's processes;
   image  image + text requests one at a time (text out): the thinker's seconds,
          first text and total, through `omni` (split: image_embeds in system
@@ -21,9 +21,10 @@ twice in a row keeps its servers. Per visit:
          text only, --rows rows of image_embeds, and --big-rows x --big-hidden
          (a real model's image; the tiny stage refuses it after it crossed),
          each inline and in system shared memory.
-Figures are reported as ratios against the one-server side of the same run.
+Figures are reported as ratios against the one-server side of the same run. The
+`split` scenario of omni-bench (its child process; on demand, 2 rounds ~6-8 min).
 
-    .venv/bin/python tools/bench_split.py     # -> docs/benchmarks/omni_split.json
+    omni-bench split
 """
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_llm import cores_used, cpu_snapshot
-from bench_omni import _wav, level, one_request
+
+from omni_serve.orchestrator.prompt import ChatPrompt
+from omni_tools.bench.llm_stage import cores_used, cpu_snapshot
+from omni_tools.bench.pipelining import level, one_request, wav
+from omni_tools.bench.scenario import results_file
 
 SIDES = ("one", "split")
 NO_SHM = "omni_grpc"
@@ -117,7 +121,7 @@ def images(url: str, models: list[str], n: int, image: bytes) -> dict:
             for m, rs in rows.items()}
 
 
-async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
+async def _hop(url: str, prompt: ChatPrompt, n: int, rows: int, hidden: int, shm: str, *,
                refused: bool = False) -> float:
     """p50 seconds of one 1-token llm call through the orchestrator's GrpcStageClient.
 
@@ -126,12 +130,11 @@ async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
     """
     from omni_serve.contract import LLM
     from omni_serve.orchestrator.grpc_client import GrpcStageClient
-    from omni_serve.orchestrator.pipeline import IMAGE_SPAN, StageCallError, chat_prompt, media_span
+    from omni_serve.orchestrator.pipeline import StageCallError
 
     client = GrpcStageClient(url, shm, shared_memory_min_bytes=1024)
-    prompt = chat_prompt("You are a helpful assistant.",
-                         (media_span(IMAGE_SPAN) if rows else "") + "what is this?")
-    inputs = {LLM.TEXT_INPUT: np.array([prompt.encode()], dtype=np.object_),
+    text = prompt.render("You are a helpful assistant.", "what is this?", ["image"] if rows else [])
+    inputs = {LLM.TEXT_INPUT: np.array([text.encode()], dtype=np.object_),
               LLM.STREAM: np.array([True]),
               LLM.SAMPLING_PARAMETERS: np.array([json.dumps({"max_tokens": 1, "temperature": 0})
                                                  .encode()], dtype=np.object_)}
@@ -162,15 +165,15 @@ async def _hop(url: str, n: int, rows: int, hidden: int, shm: str, *,
 _LOOP = asyncio.new_event_loop()  # one loop for the process: grpc.aio stays bound to it
 
 
-def hop(url: str, args, hidden: int) -> dict:
+def hop(url: str, args, hidden: int, prompt: ChatPrompt) -> dict:
     """One small llm call at a time: text only, --rows real rows, --big-rows x --big-hidden."""
     n = args.hop_calls
-    out = {"text_only_s": _LOOP.run_until_complete(_hop(url, n, 0, hidden, "none"))}
+    out = {"text_only_s": _LOOP.run_until_complete(_hop(url, prompt, n, 0, hidden, "none"))}
     for name, rows, width in (("rows", args.rows, hidden), ("big", args.big_rows, args.big_hidden)):
         for shm in ("none", "system"):
             key = f"{name}_{'shm' if shm == 'system' else 'inline'}_s"
             out[key] = _LOOP.run_until_complete(
-                _hop(url, n, rows, width, shm, refused=width != hidden))
+                _hop(url, prompt, n, rows, width, shm, refused=width != hidden))
     return out
 
 
@@ -187,7 +190,8 @@ def encoder_rows(url: str, image: bytes) -> tuple[int, int]:
     return int(np.prod(emb.shape[:-1])), int(emb.shape[-1])
 
 
-def visit(side: str, urls: tuple[str, str], args, audio: bytes, image: bytes, hidden: int) -> dict:
+def visit(side: str, urls: tuple[str, str], args, audio: bytes, image: bytes, hidden: int,
+          prompt: ChatPrompt) -> dict:
     entry, llm = urls
     # The load runs the split without shared memory (the front's `omni_grpc`), so it
     # measures the split alone; shared memory is measured by the image and hop phases.
@@ -200,8 +204,15 @@ def visit(side: str, urls: tuple[str, str], args, audio: bytes, image: bytes, hi
     out["load"]["cpu_s_per_request"] = sum(out["load_cores"].values()) / out["load"]["requests_s"]
     out["image"] = images(entry, ["omni", NO_SHM] if side == "split" else ["omni"],
                           args.image_requests, image)
-    out["hop"] = hop(llm, args, hidden)
+    out["hop"] = hop(llm, args, hidden, prompt)
     return out
+
+
+def thinker_width(config: dict) -> int:
+    """The width of the thinker's input rows (image_embeds): its text model's hidden size,
+    in an omni checkpoint's config.json (thinker_config.text_config) or a plain one."""
+    text = config.get("thinker_config", {}).get("text_config", config)
+    return int(text["hidden_size"])
 
 
 def _mean(rows: list[dict]) -> dict:
@@ -247,11 +258,11 @@ def main(argv=None) -> int:
     ap.add_argument("--big-rows", type=int, default=1200,
                     help="rows of a real model's image: Qwen2.5-Omni-7B, ~1280x720 px")
     ap.add_argument("--big-hidden", type=int, default=3584, help="a real thinker's hidden size")
-    ap.add_argument("--out", default="docs/benchmarks/omni_split.json")
+    ap.add_argument("--out", type=Path, default=results_file("split"))
     args = ap.parse_args(argv)
 
     data = spec.load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
-    audio, image = _wav(), _png(args.image_side)
+    audio, image = wav(), _png(args.image_side)
     results: dict = {"command": " ".join(["python", *sys.argv]), "args": vars(args),
                      "hop_big_image_embeds_bytes": args.big_rows * args.big_hidden * 4, "rounds": []}
     runs: dict = {side: [] for side in SIDES}
@@ -261,7 +272,9 @@ def main(argv=None) -> int:
         repos = {"one": root / "one", "split": root / "split"}
         gen_repo.generate(spec.parse_spec(data, base_dir=root), repos["one"], force=True)
         llm_dir = Path(json.loads((repos["one"] / "llm" / "engine.json").read_text())["model"])
-        hidden = json.loads((llm_dir / "config.json").read_text())["hidden_size"]
+        hidden = thinker_width(json.loads((llm_dir / "config.json").read_text()))
+        prompt = ChatPrompt.load(
+            json.loads((repos["one"] / "omni" / "engine.json").read_text())["tokenizer"])
         results["hop_image_embeds_bytes"] = args.rows * hidden * 4
         gen_repo.generate(spec.parse_spec(split_spec(data), base_dir=root), repos["split"],
                           force=True)
@@ -280,7 +293,7 @@ def main(argv=None) -> int:
                     if "image_image_embeds_bytes" not in results:
                         rows, width = encoder_rows(urls[0], image)
                         results["image_image_embeds_bytes"] = rows * width * 4
-                r = visit(side, urls, args, audio, image, hidden)
+                r = visit(side, urls, args, audio, image, hidden, prompt)
                 runs[side].append(r)
                 results["rounds"].append({"round": i // 2, "side": side, **r})
                 ld = r["load"]
