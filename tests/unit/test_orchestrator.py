@@ -336,10 +336,13 @@ def test_modalities_need_their_stages():
     assert req.modalities == ("audio", "text")
 
 
-def test_an_engine_json_with_a_removed_setting_says_what_to_do_instead():
-    with pytest.raises(ValueError, match="transport: removed: the stages are always called "
-                       "over Triton gRPC .*Delete the key"):
-        config(transport="grpc")
+@pytest.mark.parametrize("key,value,says", [
+    ("transport", "grpc", "the stages are always called over Triton gRPC"),
+    ("mode", "sequential", "the orchestrator always pipelines"),
+])
+def test_an_engine_json_with_a_removed_setting_says_what_to_do_instead(key, value, says):
+    with pytest.raises(ValueError, match=f"{key}: removed: {says} .*Delete the key"):
+        config(**{key: value})
 
 
 @pytest.mark.parametrize("argv,url", [

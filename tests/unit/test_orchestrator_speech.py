@@ -131,9 +131,8 @@ def test_a_thinker_that_sends_several_tokens_a_response_still_gets_one_talker_re
 
 # --- the decoder chunks --------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["pipelined", "sequential"])
-def test_the_decoder_gets_each_chunk_with_its_context_offset_and_the_one_seed(mode):
-    events, stages = speak(cfg=config(mode=mode), seed=5)
+def test_the_decoder_gets_each_chunk_with_its_context_offset_and_the_one_seed():
+    events, stages = speak(seed=5)
     assert [(offset, context, lookahead) for _, context, lookahead, offset, _ in stages.decoded] \
         == [(offset, context, lookahead) for offset, context, lookahead, _ in CHUNKS]
     for (codes, *_), (offset, _, lookahead, end) in zip(stages.decoded, CHUNKS, strict=True):
@@ -162,9 +161,8 @@ def test_without_a_seed_every_chunk_still_shares_one():
     assert json.loads(stages.talker_requests()[0][LLM.SAMPLING_PARAMETERS][0])["seed"] in seeds
 
 
-@pytest.mark.parametrize("mode", ["pipelined", "sequential"])
-def test_stream_audio_false_decodes_all_codes_in_one_call_without_context(mode):
-    events, stages = speak(cfg=config(mode=mode), stream_audio=False)
+def test_stream_audio_false_decodes_all_codes_in_one_call_without_context():
+    events, stages = speak(stream_audio=False)
     (call,) = stages.decoded
     codes, context, lookahead, offset, _ = call
     assert codes == [code_at(p) for p in range(TALKER_CODES)]
@@ -174,15 +172,7 @@ def test_stream_audio_false_decodes_all_codes_in_one_call_without_context(mode):
     assert chunk.pcm.size == TALKER_CODES * SAMPLES_PER_CODE
 
 
-def test_sequential_mode_talks_after_the_thinker_and_decodes_after_the_talker():
-    _, stages = speak(ScriptedStages(reply_tokens=12), cfg=config(mode="sequential"))
-    log = stages.log
-    assert log.index("talker") >= stages.thinker_done_at  # the whole reply first
-    assert log.index("audio") > log.index("talker done")  # then all the codes
-    assert log.count("audio") == len(CHUNKS)
-
-
-def test_pipelined_mode_decodes_while_the_talker_still_talks():
+def test_the_decoder_starts_while_the_talker_still_talks():
     _, stages = speak(ScriptedStages(code_delay=0.01))
     assert stages.log.index("audio") < stages.log.index("talker done")
 

@@ -10,9 +10,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Mode = Literal["pipelined", "sequential"]
-
-
 QWEN_OMNI_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
     "perceiving auditory and visual inputs, as well as generating text and speech.")
@@ -165,10 +162,15 @@ class OrchestratorConfig(BaseModel):
                      "server's own endpoint, `triton_url`, or the spec's `servers:` for "
                      "stages elsewhere); BLS crashed Triton 2.51's stub under load. "
                      "Delete the key",
+        "mode": "removed: the orchestrator always pipelines (the talker starts on the "
+                "thinker's first reply tokens, the decoder on the first codes); the "
+                "stage-by-stage baseline is omni-bench pipelining's own. Delete the key",
     }
 
     stages: StageRoles
-    mode: Mode = "pipelined"
+    # Not a setting (REMOVED_SETTINGS refuses the key): what orchestrator/speech.py reads
+    # until its stage-by-stage branch goes (omni_tools.bench.stage_by_stage has it now).
+    mode: ClassVar[str] = "pipelined"
     # Stages are called over Triton gRPC: this server's own endpoint (read from
     # its command line) unless `triton_url` names another.
     triton_url: str | None = None

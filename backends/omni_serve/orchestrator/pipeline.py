@@ -13,8 +13,8 @@ Flow of one request (pipelined mode):
 
 The talker starts on the thinker's first two reply tokens and the decoder on
 the talker's first codes, so the first audio comes long before the text is
-finished. In sequential mode every stage waits for the previous one to
-finish (the baseline of tools/bench_omni.py).
+finished (`omni-bench pipelining` measures this against running each stage to its
+end: omni_tools.bench.stage_by_stage).
 
 Stages are reached through a `StageClient` (Triton gRPC by default; anything
 with the same two calls in tests). A failing stage ends the request with a

@@ -157,22 +157,26 @@ def test_bad_omni_specs_name_the_key(tmp_path, models, change, expected):
     assert problems(tmp_path, data) == [expected]
 
 
-def test_a_removed_orchestrator_setting_says_what_to_do_instead(tmp_path, models):
+@pytest.mark.parametrize("key,value,says", [
+    ("transport", "bls", "removed: the stages are always called over Triton gRPC"),
+    ("mode", "sequential", "removed: the orchestrator always pipelines"),
+])
+def test_a_removed_orchestrator_setting_says_what_to_do_instead(tmp_path, models, key, value,
+                                                                 says):
     data = omni_spec(models)
-    data["stages"]["omni"]["engine_args"]["transport"] = "bls"
+    data["stages"]["omni"]["engine_args"][key] = value
     (problem,) = problems(tmp_path, data)
-    assert problem.startswith("stages.omni.engine_args.transport: removed: the stages are "
-                              "always called over Triton gRPC")
+    assert problem.startswith(f"stages.omni.engine_args.{key}: {says}")
     assert problem.endswith("Delete the key")
 
 
 def test_engine_arg_values_are_checked_by_the_stage_config_before_writing(tmp_path, models):
     data = omni_spec(models)
-    data["stages"]["omni"]["engine_args"]["mode"] = "eager"
+    data["stages"]["omni"]["engine_args"]["parallel_chunks"] = 0
     with pytest.raises(SpecError) as err:
         gen_repo.generate(parse_spec(data, base_dir=tmp_path), tmp_path / "repo")
-    assert err.value.problems[0].startswith("stages.omni.engine_args.mode: Input should be "
-                                            "'pipelined' or 'sequential'")
+    assert err.value.problems[0].startswith("stages.omni.engine_args.parallel_chunks: Input "
+                                            "should be greater than or equal to 1")
     assert not (tmp_path / "repo").exists()
 
 

@@ -1,21 +1,21 @@
 """Benchmark: omni-chat speech replies, pipelined vs stage-by-stage, on one tritonserver.
 
 One server serves the omni-chat preset with two entry models over the same
-stages: `omni` (mode pipelined: the talker starts on the first reply segment,
-the decoder on the first codec chunk) and `omni_sequential` (mode sequential:
-thinker, then talker, then decoder, each waiting for the previous stage to
-finish). Every round measures each concurrency level on both, order
-alternating, so drift hits both alike. Per request the client records the
-time to the first audio chunk and to the final response; per level it
-reports requests/s. Each request: text + a 1 s WAV in, text + speech out: a reply
-of exactly --max-tokens tokens (ignore_eos) spoken as exactly --codes-per-token codes
-per reply token (talker min_tokens = max_tokens, greedy: a random-weight talker would
-otherwise stop at an arbitrary point). Then, at concurrency 1 on the pipelined model,
-first audio against reply length for each of --lengths, spoken at --sweep-codes-per-token
-(15: Qwen2.5-Omni's codec runs at 50 codes per second of speech, and spoken English is
-~3.3 tokens per second, so a 128-token reply is ~38 s of speech). The `pipelining`
-scenario of omni-bench (its child process); its request and level are shared with
-the `split` scenario.
+stages: `omni` (the product's orchestrator: the talker starts on the thinker's
+first reply tokens, the decoder on the first codec chunk) and `omni_sequential`
+(omni_tools.bench.stage_by_stage: thinker, then talker, then decoder, each waiting
+for the previous stage to finish, one decoder chunk at a time). Every round
+measures each concurrency level on both, order alternating, so drift hits both
+alike. Per request the client records the time to the first audio chunk and to the
+final response; per level it reports requests/s. Each request: text + a 1 s WAV in,
+text + speech out: a reply of exactly --max-tokens tokens (ignore_eos) spoken as
+exactly --codes-per-token codes per reply token (talker min_tokens = max_tokens,
+greedy: a random-weight talker would otherwise stop at an arbitrary point). Then, at
+concurrency 1 on the pipelined model, first audio against reply length for each of
+--lengths, spoken at --sweep-codes-per-token (15: Qwen2.5-Omni's codec runs at 50
+codes per second of speech, and spoken English is ~3.3 tokens per second, so a
+128-token reply is ~38 s of speech). The `pipelining` scenario of omni-bench (its
+child process); its request and level are shared with the `split` scenario.
 
     omni-bench pipelining -- --rounds 2
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_serve.contract import OMNI
+from omni_tools.bench import stage_by_stage
 from omni_tools.bench.scenario import results_file
 
 MODES = {"pipelined": "omni", "sequential": "omni_sequential"}
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
 
     data = spec.load_preset("omni-chat").model_dump(mode="json", exclude_none=True)
     seq = json.loads(json.dumps(data["stages"]["omni"]))
-    seq["engine_args"]["mode"] = "sequential"
+    seq["engine_args"]["parallel_chunks"] = 1  # stage by stage: one decoder chunk at a time
     data["stages"][MODES["sequential"]] = seq
     audio = wav()
     codes = args.codes_per_token * args.max_tokens
@@ -164,6 +165,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-omni-") as d:
         repo = Path(d) / "repo"
         gen_repo.generate(spec.parse_spec(data, base_dir=Path(d)), repo, force=True)
+        stage_by_stage.install(repo / MODES["sequential"])
         server = TritonServer(repo, log_path=Path(d) / "tritonserver.log").start()
         try:
             for model in MODES.values():  # warm-up
