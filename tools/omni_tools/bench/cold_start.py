@@ -37,7 +37,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from omni_client import AsyncOmniClient, AudioChunk, TextDelta
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 from omni_tools.server import TritonServer, metric_sample
 
 ENGINES = ("llm", "talker")
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"first text: worst {max(ttfts):.3f} s of {len(ttfts)} requests; longest silence in a "
           f"stream {silence:.3f} s; heartbeat gap {worst_beat:.3f} s; engines idle at worst "
           f"{worst_idle:.3f} s after the cancels; {late_tokens:g} tokens generated after that")
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result)
     ok = max(ttfts) <= args.ttft_bound and worst_idle <= args.idle_bound and late_tokens == 0
     return 0 if ok else 1
 

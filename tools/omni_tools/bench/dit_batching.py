@@ -12,7 +12,6 @@ of omni-bench (its child process).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from omni_tools.bench import dit_request
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 
 MODEL = "text_to_image"
 
@@ -80,9 +79,7 @@ def main(argv=None) -> int:
         results["levels"][c] = {"batched_images_s": b, "mbs1_images_s": u, "ratio": b / u,
                                 "ratio_per_round": [x / y for x, y in zip(r["batched"], r["mbs1"])]}
         print(f"c={c}: batched {b:.2f} vs max_batch_size 1 {u:.2f} images/s -> {b / u:.2f}x")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_results(args.out, results)
     return 0
 
 

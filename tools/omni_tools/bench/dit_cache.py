@@ -12,7 +12,6 @@ encoder, transformer, VAE decode), which bounds what step caching can save. The
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -118,10 +117,8 @@ def main(argv=None) -> int:
         print(f"threshold {thr:4.2f}: speedup {t_off / t_on:5.2f}x  "
               f"PSNR(min) {rows[-1]['psnr_db']:6.1f} dB  SSIM(min) {rows[-1]['ssim']:.4f}")
     print("uncached time split (s):", {k: round(v, 4) for k, v in split.items()})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"command": " ".join(["python", *sys.argv]),
-                                          "uncached_s": t_off, "split_s": split,
-                                          "rows": rows}, indent=2))
+    write_results(args.out, {"command": " ".join(["python", *sys.argv]), "uncached_s": t_off,
+                              "split_s": split, "rows": rows})
     return 0
 
 

@@ -30,7 +30,7 @@ import tritonclient.grpc as grpcclient
 from omni_serve.contract import LLM
 from omni_serve.llm.hidden_states import read_rows
 from omni_tools import gen_repo, spec
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 from omni_tools.server import TritonServer
 
 MODES = ("off", "tensors", "shm")
@@ -116,10 +116,10 @@ def main(argv=None) -> int:
                          "ratio_to_off": round(statistics.median(
                              x / o for x, o in zip(v, off, strict=True)), 3),
                          "rounds": [round(x, 1) for x in v]} for m, v in by_mode.items()}
-    text = json.dumps({"max_tokens": args.max_tokens, "requests": args.requests,
-                       "rounds": args.rounds, "levels": report}, indent=1)
-    print(text)
-    args.out.write_text(text + "\n")
+    results = {"max_tokens": args.max_tokens, "requests": args.requests,
+               "rounds": args.rounds, "levels": report}
+    print(json.dumps(results, indent=1))
+    write_results(args.out, results)
     return 0
 
 

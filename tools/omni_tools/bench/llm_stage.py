@@ -31,7 +31,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import numpy as np
 
 from omni_serve.contract import LLM
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 
 ENGINE_ARGS = {"max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 64,
                "dtype": "float32"}
@@ -315,11 +315,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as d:
         for name in args.models:
             results.append(bench_model(name, args, Path(d)))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]),
-                               "placement": placement, "results": results}, indent=2))
-    print(to_markdown(json.loads(out.read_text())))
+    report = {"command": " ".join(["python", *sys.argv]), "placement": placement,
+              "results": results}
+    write_results(args.out, report)
+    print(to_markdown(report))
     for res in results:
         print(f"\n{res['model']}: throughput ratio (triton / in-process), extra TTFT")
         for c, lv in res["levels"].items():

@@ -35,7 +35,7 @@ import numpy as np
 
 from omni_serve.contract import OMNI
 from omni_tools.bench import stage_by_stage
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 
 MODES = {"pipelined": "omni", "sequential": "omni_sequential"}
 
@@ -203,9 +203,7 @@ def main(argv=None) -> int:
         print(f"c={c}: pipelined {p['requests_s']:.3f} vs sequential {s['requests_s']:.3f} req/s -> "
               f"{summary['throughput_ratio']:.2f}x; first audio / total (pipelined) "
               f"{p['ttfa_over_total_p50']:.3f}, (sequential) {s['ttfa_over_total_p50']:.3f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_results(args.out, results)
     return 0
 
 

@@ -28,6 +28,12 @@ def results_file(name: str) -> Path:
     return RESULTS_DIR / f"{name}.json"
 
 
+def write_results(path: Path, results: Results) -> None:
+    """A measurement's JSON results (a child process's `--out`, read back by omni-bench)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
 @dataclass(frozen=True)
 class Ratio:
     """One measured ratio against its target (`op` is ">=" or "<=")."""

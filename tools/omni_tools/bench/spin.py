@@ -40,7 +40,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from omni_client._llm_io import build_inputs
 from omni_serve.llm.vllm_plugin import ENV, MAX_ENV
 from omni_tools.bench.llm_stage import ENGINE_ARGS, pct, perf_analyzer_level
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 
 # vLLM's own spin; the plugin's default (50 us doubling to 1 ms); a fixed 50 us (the earlier default)
 SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep50": {MAX_ENV: "50"}}
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
               "rounds": args.rounds, "busy": args.busy, "concurrency": args.concurrency,
               "sides": sides, "summary": summarize(runs, args.concurrency, sides), "runs": runs}
     print(to_markdown(report))
-    args.out.write_text(json.dumps(report, indent=1))
+    write_results(args.out, report)
     return 0
 
 

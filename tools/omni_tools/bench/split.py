@@ -42,7 +42,7 @@ import numpy as np
 from omni_serve.orchestrator.prompt import ChatPrompt
 from omni_tools.bench.llm_stage import cores_used, cpu_snapshot
 from omni_tools.bench.pipelining import level, one_request, wav
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 
 SIDES = ("one", "split")
 NO_SHM = "omni_grpc"
@@ -309,9 +309,7 @@ def main(argv=None) -> int:
     results["summary"] = summarize(runs)
     results["wall_s"] = time.perf_counter() - t_start
     print(json.dumps(results["summary"], indent=2))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     return 0
 
 

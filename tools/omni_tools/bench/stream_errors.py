@@ -36,7 +36,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from omni_tools import gen_repo, spec
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 from omni_tools.server import TritonServer
 
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                   .count("HandleCancellation called even when the context was not"),
                   "log": str(log)}
     print(json.dumps(report))
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report)
     return 0 if alive else 1
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from omni_tools import gen_repo, spec
-from omni_tools.bench.scenario import results_file
+from omni_tools.bench.scenario import results_file, write_results
 from omni_tools.server import TritonServer, metric_sample
 
 MODEL = "text_to_image"
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     Path(server.log_path).read_text(errors="replace").count("HandleCancellation"),
             }
     print(json.dumps(report))
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report)
     return 0 if report["alive"] and report["ready"] and report["served_after"] else 1
 
 
