@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -133,6 +134,12 @@ def test_each_child_scenario_runs_its_module_which_writes_the_scenarios_one_file
     with pytest.raises(_Parsed):
         child.main([])
     assert parsed["args"].out == scenario.results_path
+
+
+def test_a_measurements_results_keep_its_arguments_paths_as_text(tmp_path):
+    out = tmp_path / "new" / "results.json"
+    scenario.write_results(out, {"args": {"out": out, "rounds": 2}})
+    assert json.loads(out.read_text()) == {"args": {"out": str(out), "rounds": 2}}
 
 
 def test_on_demand_scenarios_stay_out_of_all_and_off_the_page(tmp_path, monkeypatch):

@@ -29,9 +29,10 @@ def results_file(name: str) -> Path:
 
 
 def write_results(path: Path, results: Results) -> None:
-    """A measurement's JSON results (a child process's `--out`, read back by omni-bench)."""
+    """A measurement's JSON results (a child process's `--out`, read back by omni-bench);
+    paths in them (its arguments, say) are written as text."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
 @dataclass(frozen=True)
