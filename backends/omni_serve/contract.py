@@ -36,9 +36,6 @@ class LLM:
     RETURN_HIDDEN_STATES = "return_hidden_states"
     HIDDEN_STATES_IN_SHM = "hidden_states_in_shm"
     RETURN_INPUT_TOKEN_IDS = "return_input_token_ids"
-    # Talker stages (engine_args "talker": true) only.
-    THINKER_HIDDEN_STATES_FILE = "thinker_hidden_states_file"
-    SPEAKER = "speaker"
 
     TEXT_OUTPUT = "text_output"
     FINISH_REASON = "finish_reason"
@@ -113,12 +110,6 @@ LLM_CONTRACT = StageContract(
                        "hidden_states_file and hidden_states_rows instead of the tensors"),
         TensorSpec(LLM.RETURN_INPUT_TOKEN_IDS, "TYPE_BOOL", (1,), optional=True,
                    doc="also return input_token_ids (with the first response)"),
-        TensorSpec(LLM.THINKER_HIDDEN_STATES_FILE, "TYPE_STRING", (1,), optional=True,
-                   doc="talker stages: the thinker's hidden_states_file (same host); with "
-                       "prompt_token_ids = the thinker's input_token_ids, and image_grid_thw / "
-                       "audio_feature_lengths of its media; streams codec ids as token_ids"),
-        TensorSpec(LLM.SPEAKER, "TYPE_STRING", (1,), optional=True,
-                   doc="talker stages: a speaker of the checkpoint's spk_dict.pt"),
     ),
     outputs=(
         TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
@@ -141,6 +132,53 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.INPUT_TOKEN_IDS, "TYPE_INT64", (-1,),
                    doc="with return_input_token_ids: the prompt's token ids as the engine saw "
                        "them (media placeholders expanded to one per row)"),
+    ),
+)
+
+# --- Talker (omni_talker) ---------------------------------------------------------
+# The model family's speech LM on vLLM: reads what a thinker stage on this host
+# handed over and streams codec codes, one frame of `groups` codes per step.
+
+class TALKER:
+    THINKER_HIDDEN_STATES_FILE = "thinker_hidden_states_file"
+    PROMPT_TOKEN_IDS = "prompt_token_ids"
+    IMAGE_GRID_THW = "image_grid_thw"
+    AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
+    SPEAKER = "speaker"
+    SAMPLING_PARAMETERS = "sampling_parameters"
+
+    CODEC_IDS = "codec_ids"
+    FINISH_REASON = "finish_reason"
+
+    ABORT_PARAMETER = LLM.ABORT_PARAMETER
+
+
+TALKER_CONTRACT = StageContract(
+    backend="omni_talker",
+    decoupled=True,
+    batching="engine",
+    inputs=(
+        TensorSpec(TALKER.THINKER_HIDDEN_STATES_FILE, "TYPE_STRING", (1,),
+                   doc="the hidden_states_file a thinker stage on this host handed over "
+                       "(hidden_states_in_shm); its rows are read as the thinker writes them"),
+        TensorSpec(TALKER.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,),
+                   doc="the thinker's input_token_ids (its prompt as its engine saw it)"),
+        TensorSpec(TALKER.IMAGE_GRID_THW, "TYPE_INT64", (-1, 3), optional=True,
+                   doc="each image's (t, h, w) patch grid of the thinker's prompt"),
+        TensorSpec(TALKER.AUDIO_FEATURE_LENGTHS, "TYPE_INT64", (-1,), optional=True,
+                   doc="each audio clip's number of feature frames of the thinker's prompt"),
+        TensorSpec(TALKER.SPEAKER, "TYPE_STRING", (1,), optional=True,
+                   doc="a voice of the checkpoint (default: its first)"),
+        TensorSpec(TALKER.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
+                   doc="JSON object of vLLM SamplingParams fields over the checkpoint's "
+                       "talker defaults"),
+    ),
+    outputs=(
+        TensorSpec(TALKER.CODEC_IDS, "TYPE_INT64", (-1, -1),
+                   doc="the new codec codes, [frames, groups] (groups: the family's "
+                       "codebooks; 1 for Qwen2.5-Omni)"),
+        TensorSpec(TALKER.FINISH_REASON, "TYPE_STRING", (1,),
+                   doc="on the last response: stop, length or abort"),
     ),
 )
 
@@ -344,8 +382,8 @@ OMNI_CONTRACT = StageContract(
 )
 
 CONTRACTS: dict[str, StageContract] = {
-    c.backend: c for c in (LLM_CONTRACT, DIT_CONTRACT, ENCODER_CONTRACT, AUDIO_CONTRACT,
-                           OMNI_CONTRACT)}
+    c.backend: c for c in (LLM_CONTRACT, TALKER_CONTRACT, DIT_CONTRACT, ENCODER_CONTRACT,
+                           AUDIO_CONTRACT, OMNI_CONTRACT)}
 
 # config.pbtxt parameter that marks a model clients should not offer on its own
 # (value "false"; e.g. a talker LLM, whose "text" is codec tokens).
@@ -353,7 +391,7 @@ ENTRY_PARAMETER = "omni.entry"
 
 # The per-stage JSON file the generator writes next to config.pbtxt.
 ENGINE_ARGS_FILE = "engine.json"
-# omni_llm's engine.json key for the spec's `queue.max_queue_size`: requests that may wait
+# omni_llm's and omni_talker's engine.json key for the spec's `queue.max_queue_size`: requests that may wait
 # beyond the engine's max_num_seqs running ones; one more is rejected at once, UNAVAILABLE.
 MAX_QUEUED_ARG = "max_queued_requests"
 # config.pbtxt parameters `env.<NAME>` set <NAME> in the stage's stub process.

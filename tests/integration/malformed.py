@@ -517,7 +517,6 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
     ids = st.lists(st.integers(0, 100), min_size=1, max_size=8)
     # without text the media have no placeholders: they go too, so one fault is left
     no_text = dict(drop=("text_input", *(media or {})))
-    talker_file = st.one_of(st.text(min_size=1, max_size=40).map(str.encode), non_utf8())
     r.values = {
         **dict.fromkeys(_LLM_FLAGS),
         "text_input": st.one_of(
@@ -537,14 +536,6 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
                                      **no_text)),
             st.just(r.attack("prompt_token_ids", ints([]), "empty", **no_text)),
             ids.map(lambda xs: r.attack("prompt_token_ids", ints(xs), "and text_input too"))),
-        "thinker_hidden_states_file": st.one_of(
-            talker_file.map(lambda b: r.attack("thinker_hidden_states_file", text(b),
-                                               f"to a non-talker: {b!r}", **no_text,
-                                               add={"prompt_token_ids": ints([1, 2, 3])})),
-            talker_file.map(lambda b: r.attack("thinker_hidden_states_file", text(b),
-                                               f"with text, to a non-talker: {b!r}"))),
-        "speaker": st.one_of(st.text(min_size=1, max_size=16).map(str.encode), non_utf8()).map(
-            lambda b: r.attack("speaker", text(b), f"to a non-talker: {b!r}")),
         "messages": _messages_values(r, no_text["drop"]),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
@@ -562,11 +553,9 @@ def bad_chat() -> st.SearchStrategy[str]:
                          [turn, None]]).map(json.dumps))
 
 
-def _messages_values(r: Recipe, drop: tuple[str, ...], *, talker: bool = False) -> AttackStrategy:
+def _messages_values(r: Recipe, drop: tuple[str, ...]) -> AttackStrategy:
     """A chat instead of the prompt: malformed, or beside a prompt it must not join."""
     chat = text(json.dumps([{"role": "user", "content": "hello"}]))
-    if talker:
-        return st.just(r.attack("messages", chat, "to a talker"))
     return st.one_of(
         r.values_of("messages", st.one_of(bad_chat().map(str.encode), non_utf8()), text,
                     "bad chat", drop=drop),
@@ -662,11 +651,11 @@ def _media_values(r: Recipe, media: Request) -> dict[str, AttackStrategy]:
     }
 
 
-# the talker: an omni_llm stage fed a thinker's hidden states
+# the talker (omni_talker), fed a thinker's hidden states
 
 TALKER_MAX_TOKENS = 8
 TALKER_GREEDY = {"max_tokens": TALKER_MAX_TOKENS, "temperature": 0}
-# omni_serve.llm.talker_engine's pattern of a thinker's capture file
+# omni_serve.talker.engine's pattern of a thinker's capture file
 _CAPTURE_FILE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
 
 
@@ -676,12 +665,13 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
     def valid() -> Request:
         return {"thinker_hidden_states_file": text(hidden_file),
                 "prompt_token_ids": ints(prompt_ids),
-                "sampling_parameters": text(json.dumps(TALKER_GREEDY)),
-                "stream": one(True, "BOOL"), "return_token_ids": one(True, "BOOL")}
+                "sampling_parameters": text(json.dumps(TALKER_GREEDY))}
 
     def check(outcome: Outcome) -> None:
         _ok(outcome)
-        codes = [int(c) for a in outcome.all("token_ids") for c in a.reshape(-1)]
+        frames = [a for a in outcome.all("codec_ids")]
+        assert all(a.ndim == 2 and a.shape[1] == 1 for a in frames), [a.shape for a in frames]
+        codes = [int(c) for a in frames for c in a.reshape(-1)]
         assert 1 <= len(codes) <= TALKER_MAX_TOKENS and min(codes) >= 0, codes
 
     r = Recipe("talker", model, valid, check, after=remove,
@@ -692,12 +682,8 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
         st.from_regex(r"[a-f0-9]{8,32}", fullmatch=True).map(
             lambda h: f"/dev/shm/omni_hs_nosuchdir/{h}".encode()))
     r.values = {
-        **dict.fromkeys(_LLM_FLAGS),
-        "text_input": r.values_of("text_input", st.text(min_size=1, max_size=20), text, "text"),
         "sampling_parameters": _sampling_values(r),
         "parameters": _parameter_values(r),
-        "hidden_states_in_shm": st.just(r.attack("hidden_states_in_shm", one(True, "BOOL"),
-                                                 "without return_hidden_states")),
         "prompt_token_ids": st.one_of(
             st.integers(-(2**63), -1).map(lambda v: r.attack(
                 "prompt_token_ids", ints([*prompt_ids[:-1], v]), f"a negative id {v}")),
@@ -707,12 +693,8 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
                 ("thinker_hidden_states_file",)))),
         "thinker_hidden_states_file": r.values_of("thinker_hidden_states_file", paths, text,
                                                   "not a capture file"),
-        "messages": _messages_values(r, (), talker=True),
         "speaker": r.values_of("speaker", st.one_of(not_a_name().map(str.encode), non_utf8()),
                                text, "unknown speaker"),
-        "image_embeds": st.just(r.attack("image_embeds", floats(np.ones((4, 8))), "to a talker")),
-        "audio_features": st.just(r.attack("audio_features", floats(np.ones((8, 10))),
-                                           "to a talker")),
         "image_grid_thw": st.integers(-(2**63), 0).map(lambda v: r.attack(
             "image_grid_thw", T(np.array([[1, v, 2]], np.int64), "INT64"), f"h = {v}")),
         "audio_feature_lengths": st.integers(-(2**63), 0).map(lambda v: r.attack(
@@ -932,15 +914,12 @@ def discover(caller: Caller, models: list[Model]) -> Catalog:
                  "image_grid_thw": T(encoded["image"].last("grid_thw").reshape(1, 3), "INT64"),
                  "audio_features": floats(features),
                  "audio_feature_lengths": ints([features.shape[1]])}
-    talkers, thinkers = [], []
+    talkers, thinkers = by_backend.pop("omni_talker", []), []
     for m in by_backend.pop("omni_llm", []):
         text_only = llm_recipe(m)
         outcome = caller.stream(m, text_only.valid())
         if outcome.error is not None:
-            if names_field(_message(outcome), "thinker_hidden_states_file"):
-                talkers.append(m)
-            else:
-                catalog.uncovered[m.name] = f"omni_llm that refuses a text prompt: {_message(outcome)}"
+            catalog.uncovered[m.name] = f"omni_llm that refuses a text prompt: {_message(outcome)}"
             continue
         recipe = text_only
         if media is not None:

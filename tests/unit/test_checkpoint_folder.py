@@ -47,7 +47,7 @@ def test_every_stage_reads_its_part_of_the_one_folder(omni_dir, tmp_path, capsys
     for stage in ("llm", "image_encoder", "audio_encoder", "talker", "audio_decoder"):
         engine = json.loads((repo / stage / "engine.json").read_text())
         assert engine["model"] == str(omni_dir), stage
-    assert json.loads((repo / "talker" / "engine.json").read_text())["talker"] is True
+    assert "backend: \"omni_talker\"" in (repo / "talker" / "config.pbtxt").read_text()
     omni = json.loads((repo / "omni" / "engine.json").read_text())
     assert omni["stages"]["talker"] == "talker" and omni["stages"]["audio_decoder"] == "audio_decoder"
     assert omni["stages"]["thinker"] == "llm" and omni["stages"]["image_encoder"] == "image_encoder"

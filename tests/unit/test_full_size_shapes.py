@@ -239,8 +239,8 @@ def thinker_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn
 
 
 def talker_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.Module, LoadTrace]:
-    from omni_serve.llm import talker
-    from omni_serve.llm.omni_talker import OmniTalker
+    from omni_serve.talker import prompt as talker
+    from omni_serve.talker.model import OmniTalker
 
     model, trace = load_vllm_model(talker.engine_args({"model": str(omni.folder)}), omni.tensors)
     assert type(model) is OmniTalker

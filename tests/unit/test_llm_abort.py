@@ -1,4 +1,5 @@
-"""The LLM stage never loses an abort: one that overtakes its request, one that lands while
+"""A vLLM-hosted stage (its EngineHost, driven here through the LLM stage) never loses an
+abort: one that overtakes its request, one that lands while
 the prompt is rendered, one the engine hears before it knows the request.
 
 No vLLM engine: a fake AsyncLLM that generates until aborted, and ignores an abort
@@ -11,6 +12,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+from omni_serve.llm.engine_host import EngineHost
 from omni_serve.llm.request import LLMRequest
 from omni_serve.llm.stage import LLMStage
 
@@ -58,22 +60,24 @@ class Sink:
         self.done.set()
 
 
-def _stage(render_gate: asyncio.Event | None = None) -> tuple[LLMStage, FakeEngine]:
-    stage = LLMStage({"model": "fake"}, name="fake")
-    stage._thread.start()
+def _stage(render_gate: asyncio.Event | None = None) -> tuple[EngineHost, FakeEngine]:
+    """An LLM stage's host on a fake engine (what the adapter drives)."""
+    llm = LLMStage({"model": "fake"}, name="fake")
+    host = llm.host
+    host._thread.start()
     engine = FakeEngine()
-    stage.engine = engine
+    host.engine = engine
 
-    async def render(req, params):
+    async def render(req):
         if render_gate is not None:
             await render_gate.wait()
         return {"prompt_token_ids": [1, 2]}
 
-    stage._render = render
-    return stage, engine
+    llm._render = render
+    return host, engine
 
 
-def _on_loop(stage: LLMStage, fn) -> None:
+def _on_loop(stage: EngineHost, fn) -> None:
     stage._loop.call_soon_threadsafe(fn)
 
 

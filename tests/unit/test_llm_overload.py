@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from omni_serve.errors import StageOverloadedError, code_of_message, is_overloaded
+from omni_serve.llm.engine_host import EngineHost
 from omni_serve.llm.stage import LLMStage
 
 from .test_llm_abort import Sink, _on_loop, _request, _stage, _wait
 
 
-def _bounded(running: int, queued: int) -> tuple[LLMStage, asyncio.Event]:
+def _bounded(running: int, queued: int) -> tuple[EngineHost, asyncio.Event]:
     gate = asyncio.Event()  # holds every request in rendering: they stay in flight
     stage, engine = _stage(render_gate=gate)
     _on_loop(stage, engine.step.set)
@@ -19,7 +20,7 @@ def _bounded(running: int, queued: int) -> tuple[LLMStage, asyncio.Event]:
     return stage, gate
 
 
-def _end(stage: LLMStage, gate: asyncio.Event, ids) -> None:
+def _end(stage: EngineHost, gate: asyncio.Event, ids) -> None:
     """Let the held requests reach the engine, then stop them (the fake runs until aborted)."""
     _on_loop(stage, gate.set)
     for rid in ids:
@@ -68,7 +69,7 @@ def test_without_a_bound_nothing_is_rejected():
 
 
 def test_the_bound_comes_from_engine_json():
-    stage = LLMStage({"model": "fake", "max_queued_requests": 4}, name="fake")
+    stage = LLMStage({"model": "fake", "max_queued_requests": 4}, name="fake").host
     assert stage.max_queued == 4 and "max_queued_requests" not in stage.engine_args
 
 

@@ -194,18 +194,6 @@ def test_bad_chats_name_the_message(inputs, field, fragment):
     assert e.value.field == field
 
 
-@pytest.mark.parametrize("extra", [{}, {LLM.IMAGE_EMBEDS: np.ones((1, 4), np.float32)}])
-def test_what_makes_a_talker_request_is_named_with_what_it_must_not_carry(extra):
-    """A stage that is no talker gets text plus a talker's file: the error names that file too."""
-    inputs = {**tensors(**{LLM.THINKER_HIDDEN_STATES_FILE: "/dev/shm/omni_hs_x/y"}), **extra}
-    if extra:
-        del inputs[LLM.TEXT_INPUT]
-        inputs[LLM.PROMPT_TOKEN_IDS] = np.array([1, 2], np.int64)
-    with pytest.raises(RequestError, match=LLM.THINKER_HIDDEN_STATES_FILE) as e:
-        parse_request("r", inputs)
-    assert e.value.field == (LLM.IMAGE_EMBEDS if extra else LLM.TEXT_INPUT)
-
-
 def test_merge_outputs_joins_text_and_keeps_the_last_counts():
     outs = [LLMOutput("a", None, 3, 1, False), LLMOutput("b", None, 3, 2, False),
             LLMOutput("c", "length", 3, 3, True)]

@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from omni_serve.contract import AUDIO, DIT, ENCODER, LLM, OMNI
+from omni_serve.contract import AUDIO, DIT, ENCODER, LLM, OMNI, TALKER
 from omni_serve.errors import RequestError, StageFailedError
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.pipeline import (
@@ -188,7 +188,7 @@ class ScriptedStages:
                 f.write(str(rows))
 
     async def _talk(self, inputs):
-        source = inputs[LLM.THINKER_HIDDEN_STATES_FILE][0].decode()
+        source = inputs[TALKER.THINKER_HIDDEN_STATES_FILE][0].decode()
         self.files_seen_by_talker.append(os.path.exists(source))
         self.log.append("talker")
         position, group = 0, 0
@@ -198,8 +198,8 @@ class ScriptedStages:
             codes = [code_at(p) for p in range(position, min(position + size, self.talker_codes))]
             self.talker_groups.append(codes)
             position, group = position + len(codes), group + 1
-            yield {LLM.TOKEN_IDS: np.array(codes, np.int64)}
-        yield {LLM.TOKEN_IDS: np.zeros(0, np.int64)}  # the last response: the stop code cut
+            yield {TALKER.CODEC_IDS: np.array(codes, np.int64).reshape(-1, 1)}  # [frames, groups]
+        yield {TALKER.CODEC_IDS: np.zeros((0, 1), np.int64)}  # the last response: the stop code cut
         self.log.append("talker done")
 
     def talker_requests(self) -> list[dict]:

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from omni_serve.contract import LLM, OMNI
+from omni_serve.contract import LLM, OMNI, TALKER
 from omni_serve.errors import RequestError, StageFailedError
 from omni_serve.orchestrator.pipeline import (
     AudioChunk,
@@ -82,20 +82,20 @@ def test_one_talker_request_names_the_thinkers_file_prompt_media_speaker_and_sam
                       **{OMNI.TALKER_SAMPLING_PARAMETERS: json.dumps(talker_sampling).encode()})
     (talker,) = stages.talker_requests()
     (thinker,) = stages.thinker_requests()
-    assert set(talker) == {LLM.THINKER_HIDDEN_STATES_FILE, LLM.PROMPT_TOKEN_IDS, LLM.STREAM,
-                           LLM.SAMPLING_PARAMETERS, LLM.RETURN_TOKEN_IDS, LLM.SPEAKER,
-                           LLM.IMAGE_GRID_THW, LLM.AUDIO_FEATURE_LENGTHS}
+    assert set(talker) == {TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS,
+                           TALKER.SAMPLING_PARAMETERS, TALKER.SPEAKER,
+                           TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS}
     (path,) = stages.thinker_files
-    assert talker[LLM.THINKER_HIDDEN_STATES_FILE].tolist() == [path.encode()]
+    assert talker[TALKER.THINKER_HIDDEN_STATES_FILE].tolist() == [path.encode()]
     # the prompt as the thinker engine saw it (its input_token_ids), not re-tokenized
-    assert talker[LLM.PROMPT_TOKEN_IDS].dtype == np.int64
-    assert talker[LLM.PROMPT_TOKEN_IDS].tolist() == stages.thinker_prompt_ids[0]
-    assert talker[LLM.IMAGE_GRID_THW].tolist() == thinker[LLM.IMAGE_GRID_THW].tolist()
-    assert talker[LLM.AUDIO_FEATURE_LENGTHS].tolist() == thinker[LLM.AUDIO_FEATURE_LENGTHS].tolist()
-    assert talker[LLM.SPEAKER].tolist() == [b"Ethan"]
-    assert talker[LLM.STREAM].tolist() == [True] and talker[LLM.RETURN_TOKEN_IDS].tolist() == [True]
+    assert talker[TALKER.PROMPT_TOKEN_IDS].dtype == np.int64
+    assert talker[TALKER.PROMPT_TOKEN_IDS].tolist() == stages.thinker_prompt_ids[0]
+    assert talker[TALKER.IMAGE_GRID_THW].tolist() == thinker[LLM.IMAGE_GRID_THW].tolist()
+    assert (talker[TALKER.AUDIO_FEATURE_LENGTHS].tolist()
+            == thinker[LLM.AUDIO_FEATURE_LENGTHS].tolist())
+    assert talker[TALKER.SPEAKER].tolist() == [b"Ethan"]
     # the config's defaults, the request's fields over them, and the request's seed
-    sampling = json.loads(talker[LLM.SAMPLING_PARAMETERS][0])
+    sampling = json.loads(talker[TALKER.SAMPLING_PARAMETERS][0])
     assert sampling == {"temperature": 0.3, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05,
                         "max_tokens": 50, "seed": 5}
     assert stages.files_seen_by_talker == [True]
@@ -104,8 +104,8 @@ def test_one_talker_request_names_the_thinkers_file_prompt_media_speaker_and_sam
 def test_without_media_or_speaker_the_talker_gets_neither():
     _, stages = speak(seed=9)
     (talker,) = stages.talker_requests()
-    assert not {LLM.SPEAKER, LLM.IMAGE_GRID_THW, LLM.AUDIO_FEATURE_LENGTHS} & set(talker)
-    sampling = json.loads(talker[LLM.SAMPLING_PARAMETERS][0])
+    assert not {TALKER.SPEAKER, TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS} & set(talker)
+    sampling = json.loads(talker[TALKER.SAMPLING_PARAMETERS][0])
     assert sampling == {**config().talker_sampling, "seed": 9}
 
 
@@ -158,7 +158,7 @@ def test_without_a_seed_every_chunk_still_shares_one():
     _, stages = speak()
     seeds = {seed for *_, seed in stages.decoded}
     assert len(seeds) == 1
-    assert json.loads(stages.talker_requests()[0][LLM.SAMPLING_PARAMETERS][0])["seed"] in seeds
+    assert json.loads(stages.talker_requests()[0][TALKER.SAMPLING_PARAMETERS][0])["seed"] in seeds
 
 
 def test_stream_audio_false_decodes_all_codes_in_one_call_without_context():
@@ -253,8 +253,8 @@ def test_speech_reads_the_text_as_the_thinkers_reply_without_generating():
         assert thinker[name].tolist() == [True]
     # the talker's prompt ends where the text starts: the text is the reply it voices
     (talker,) = stages.talker_requests()
-    assert talker[LLM.PROMPT_TOKEN_IDS].tolist() == prompt
-    assert talker[LLM.THINKER_HIDDEN_STATES_FILE].tolist() == [stages.thinker_files[0].encode()]
+    assert talker[TALKER.PROMPT_TOKEN_IDS].tolist() == prompt
+    assert talker[TALKER.THINKER_HIDDEN_STATES_FILE].tolist() == [stages.thinker_files[0].encode()]
     assert not any(isinstance(e, TextDelta) for e in events)
     assert voiced_marks(events) == every_code_in_order()
     final = events[-1]

@@ -101,8 +101,15 @@ def _adapter(stage: str):
     return module
 
 
+def _engine_metrics(model: str):
+    """What the omni_llm and omni_talker adapters create (omni_serve.engine_adapter)."""
+    from omni_serve.engine_adapter import EngineMetrics
+
+    return EngineMetrics(model)
+
+
 def test_the_llm_adapter_records_vllm_queue_time_in_its_histogram(families):
-    metrics = _adapter("omni_llm")._TritonMetrics("thinker")
+    metrics = _engine_metrics("thinker")
     metrics.queue_time(0.3)
     queue = next(f for f in families if f.name == "omni_llm_queue_time_seconds")
     assert (queue.kind, queue.samples) == ("histogram", [({"model": "thinker"}, 0.3)])
@@ -110,7 +117,7 @@ def test_the_llm_adapter_records_vllm_queue_time_in_its_histogram(families):
 
 def test_the_llm_adapter_sends_its_scheduler_gauges_only_when_they_change(families):
     """Every engine step reports them; each Triton `set` is a round trip to the parent."""
-    metrics = _adapter("omni_llm")._TritonMetrics("thinker")
+    metrics = _engine_metrics("thinker")
     for running, waiting in [(0, 0), (2, 1), (2, 1), (2, 1), (3, 0), (3, 0)]:
         metrics.scheduler(running, waiting)
     sent = {f.name: [v for _, v in f.samples] for f in families if f.kind == "gauge"}
@@ -131,9 +138,9 @@ def _exported_by(source: str) -> dict[str, str]:
     return {m.name: m.kind for m in metric_names.exported().values() if m.source == source}
 
 
-def test_metric_names_finds_the_families_the_llm_adapter_creates(families):
-    _adapter("omni_llm")._TritonMetrics("llm")
-    assert {f.name: f.kind for f in families} == _exported_by("backends/omni_llm/model.py")
+def test_metric_names_finds_the_families_the_engine_adapters_create(families):
+    _engine_metrics("llm")
+    assert {f.name: f.kind for f in families} == _exported_by("backends/omni_serve/engine_adapter.py")
 
 
 @pytest.mark.parametrize("stage, runner_attr, runner", [

@@ -264,7 +264,8 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True,
                 else dict(stage.engine_args)
         else:
             engine = {"model": models[name], **stage.engine_args}
-            if stage.backend == "omni_llm" and stage.queue and stage.queue.max_queue_size:
+            if stage.backend in ("omni_llm", "omni_talker") and stage.queue \
+                    and stage.queue.max_queue_size:
                 engine[MAX_QUEUED_ARG] = stage.queue.max_queue_size
         # the stage's own config class is the one validator, for --check as for generation
         _check_stage_config(spec, name, stage.backend, engine)

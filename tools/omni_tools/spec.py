@@ -51,7 +51,8 @@ from omni_serve.orchestrator.config import (
 logger = logging.getLogger(__name__)
 
 # Backends a stage may name; each has a tensor contract in omni_serve.contract.
-Backend = Literal["omni_llm", "omni_dit", "omni_encoder", "omni_audio", "omni_orchestrator"]
+Backend = Literal["omni_llm", "omni_talker", "omni_dit", "omni_encoder", "omni_audio",
+                  "omni_orchestrator"]
 # Backends without a checkpoint of their own (they call the other stages).
 MODELLESS_BACKENDS = frozenset({"omni_orchestrator"})
 InstanceKind = Literal["KIND_MODEL", "KIND_CPU", "KIND_GPU", "KIND_AUTO"]
@@ -65,6 +66,8 @@ PIPELINE_NAME_RE = re.compile(r"[a-z0-9-]+")
 STAGE_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 MODEL_IN_ENGINE_ARGS = "not allowed here: the checkpoint comes from the stage's `model` key"
+TALKER_IS_A_BACKEND = ("not an omni_llm setting any more: a talker is a stage of its own; "
+                       "write `backend: omni_talker` and drop `talker: true`")
 SPECS_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "specs"
 
 
@@ -96,8 +99,7 @@ def vllm_engine_arg_names() -> frozenset[str] | None:
     except Exception as e:  # any import failure means "cannot check"
         logger.warning("vLLM is not importable (%s); engine_args are not checked", e)
         return None
-    # plus the omni_llm stage's own: "talker" (omni_serve.llm.talker.ENGINE_ARG)
-    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs)) | {"talker"}
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 
 
 def tiny_models_module() -> ModuleType:
@@ -316,6 +318,9 @@ class StageSpec(_Strict):
             if key in removed:
                 problems.append(((key,), removed[key]))
                 continue
+            if key == "talker" and backend == "omni_llm":
+                problems.append(((key,), TALKER_IS_A_BACKEND))
+                continue
             known = known if known is not None else engine_arg_names(backend)
             if known is not None and key not in known:
                 problems.append(((key,), _unknown_engine_arg(key, known, backend)))
@@ -350,7 +355,7 @@ class StageSpec(_Strict):
         backend = info.data.get("backend")
         if value is None or backend not in ENGINE_BATCHED_BACKENDS:
             return value
-        if backend != "omni_llm":
+        if backend not in ("omni_llm", "omni_talker"):
             raise ValueError(f"not used by backend {backend}: it queues nothing itself (its "
                              "stages do); remove the key")
         others = sorted(k for k, f in QueuePolicySpec.model_fields.items()
@@ -583,8 +588,9 @@ def _base_dir(info: ValidationInfo) -> Path:
 
 
 _ENGINE_ARGS_DOC = {
-    "omni_llm": ("vLLM engine argument", "the fields of vllm.engine.arg_utils.AsyncEngineArgs "
-                 "and talker"),
+    "omni_llm": ("vLLM engine argument", "the fields of vllm.engine.arg_utils.AsyncEngineArgs"),
+    "omni_talker": ("vLLM engine argument",
+                    "the fields of vllm.engine.arg_utils.AsyncEngineArgs"),
     "omni_dit": ("omni_dit pipeline argument", "the fields of omni_serve.dit.config.DitStageConfig"),
     "omni_encoder": ("omni_encoder argument",
                      "the fields of omni_serve.encoder.config.EncoderStageConfig"),

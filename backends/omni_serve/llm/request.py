@@ -16,7 +16,6 @@ from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
 from omni_serve.fields import ChatRules, json_chat, scalar, text
 from omni_serve.llm import sampling
-from omni_serve.llm.talker import TalkerInput
 
 # The `messages` chat, as the chat template reads it: any role; content a
 # string or a list of {"type": "text", "text": str} parts.
@@ -47,8 +46,6 @@ class LLMRequest:
     messages: list[dict[str, Any]] | None = None
     media: Media | None = None
     return_input_token_ids: bool = False
-    # a talker stage's request: the thinker's rows and prompt (llm/talker.py)
-    talker: TalkerInput | None = None
 
 
 @dataclass(frozen=True)
@@ -124,23 +121,19 @@ def parse_request(
     in vllm_backend); the `sampling_parameters` tensor wins on conflicts.
     """
     prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
-    token_ids = _token_ids(tensors.get(LLM.PROMPT_TOKEN_IDS))
+    ids = token_ids(LLM.PROMPT_TOKEN_IDS, tensors.get(LLM.PROMPT_TOKEN_IDS))
     messages = json_chat(LLM.MESSAGES, scalar(tensors, LLM.MESSAGES), MESSAGES_RULES)
-    talker = _talker(tensors, prompt, token_ids)
-    if talker is not None:
-        token_ids = None
-    if messages is not None and (prompt is not None or token_ids is not None
-                                 or talker is not None):
+    if messages is not None and (prompt is not None or ids is not None):
         raise RequestError(LLM.MESSAGES, f"send either it or {LLM.TEXT_INPUT} / "
                                          f"{LLM.PROMPT_TOKEN_IDS}, not both")
-    if prompt is None and token_ids is None and talker is None and messages is None:
+    if prompt is None and ids is None and messages is None:
         raise RequestError(LLM.TEXT_INPUT, f"is required (or send {LLM.PROMPT_TOKEN_IDS} or "
                                            f"{LLM.MESSAGES})")
-    if prompt is not None and token_ids is not None:
+    if prompt is not None and ids is not None:
         raise RequestError(LLM.PROMPT_TOKEN_IDS, f"send either it or {LLM.TEXT_INPUT}, not both")
     if prompt is not None and not prompt:
         raise RequestError(LLM.TEXT_INPUT, "must not be empty")
-    media = _media(tensors) if talker is None else None
+    media = _media(tensors)
     if media is not None and prompt is None:
         field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
         raise RequestError(field, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
@@ -163,52 +156,22 @@ def parse_request(
         sampling.parse_json(scalar(tensors, LLM.SAMPLING_PARAMETERS))
     )
     return LLMRequest(request_id=request_id, prompt=prompt,
-                      sampling={**from_params, **from_tensor}, prompt_token_ids=token_ids,
-                      media=media, talker=talker, messages=messages, **flags)
+                      sampling={**from_params, **from_tensor}, prompt_token_ids=ids,
+                      media=media, messages=messages, **flags)
 
 
-def _talker(tensors: dict[str, np.ndarray | None], prompt: str | None,
-            token_ids: list[int] | None) -> TalkerInput | None:
-    """A talker request's inputs (thinker_hidden_states_file sent), else None."""
-    source = text(LLM.THINKER_HIDDEN_STATES_FILE, scalar(tensors, LLM.THINKER_HIDDEN_STATES_FILE))
-    speaker = text(LLM.SPEAKER, scalar(tensors, LLM.SPEAKER))
-    if source is None:
-        if speaker is not None:
-            raise RequestError(LLM.SPEAKER, f"is for talker requests (with "
-                                            f"{LLM.THINKER_HIDDEN_STATES_FILE})")
-        return None
-    if prompt is not None:
-        raise RequestError(LLM.TEXT_INPUT, f"a talker request (one with "
-                                           f"{LLM.THINKER_HIDDEN_STATES_FILE}) sends "
-                                           f"{LLM.PROMPT_TOKEN_IDS} (the thinker's "
-                                           "input_token_ids), not text")
-    if token_ids is None:
-        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"is required with "
-                                                 f"{LLM.THINKER_HIDDEN_STATES_FILE} (the "
-                                                 "thinker's input_token_ids)")
-    for name in (LLM.IMAGE_EMBEDS, LLM.AUDIO_FEATURES):
-        if tensors.get(name) is not None:
-            raise RequestError(name, f"a talker request (one with {LLM.THINKER_HIDDEN_STATES_FILE}) "
-                                     f"sends only the media grids ({LLM.IMAGE_GRID_THW}, "
-                                     f"{LLM.AUDIO_FEATURE_LENGTHS})")
-    return TalkerInput(
-        source=source, prompt_token_ids=tuple(token_ids), speaker=speaker or None,
-        image_grid_thw=_counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3"),
-        audio_feature_lengths=_counts(LLM.AUDIO_FEATURE_LENGTHS,
-                                      tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n"))
-
-
-def _token_ids(arr: np.ndarray | None) -> list[int] | None:
+def token_ids(name: str, arr: np.ndarray | None) -> list[int] | None:
+    """Non-negative integer token ids, flattened; None when not sent."""
     if arr is None:
         return None
     arr = np.asarray(arr)
     if arr.dtype.kind not in "iu":
-        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"must be integers, got {arr.dtype}")
+        raise RequestError(name, f"must be integers, got {arr.dtype}")
     ids = arr.reshape(-1)
     if ids.size == 0:
-        raise RequestError(LLM.PROMPT_TOKEN_IDS, "must not be empty")
+        raise RequestError(name, "must not be empty")
     if ids.min() < 0:
-        raise RequestError(LLM.PROMPT_TOKEN_IDS, f"token ids must be >= 0, got {int(ids.min())}")
+        raise RequestError(name, f"token ids must be >= 0, got {int(ids.min())}")
     return [int(t) for t in ids]
 
 
@@ -229,7 +192,7 @@ def _matrix(name: str, arr: np.ndarray | None, what: str) -> np.ndarray | None:
     return np.array(arr, copy=True)
 
 
-def _counts(name: str, arr: np.ndarray | None, shape: str) -> np.ndarray | None:
+def counts(name: str, arr: np.ndarray | None, shape: str) -> np.ndarray | None:
     """Positive integers of the given shape ("n" or "n,3"), as int64."""
     if arr is None:
         return None
@@ -252,10 +215,10 @@ def _paired(values: np.ndarray | None, counts: np.ndarray | None, names: tuple[s
 
 def _media(tensors: dict[str, np.ndarray | None]) -> Media | None:
     image = _matrix(LLM.IMAGE_EMBEDS, tensors.get(LLM.IMAGE_EMBEDS), "tokens, hidden")
-    grid = _counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3")
+    grid = counts(LLM.IMAGE_GRID_THW, tensors.get(LLM.IMAGE_GRID_THW), "n,3")
     _paired(image, grid, (LLM.IMAGE_EMBEDS, LLM.IMAGE_GRID_THW))
     audio = _matrix(LLM.AUDIO_FEATURES, tensors.get(LLM.AUDIO_FEATURES), "mel bins, frames")
-    lengths = _counts(LLM.AUDIO_FEATURE_LENGTHS, tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n")
+    lengths = counts(LLM.AUDIO_FEATURE_LENGTHS, tensors.get(LLM.AUDIO_FEATURE_LENGTHS), "n")
     _paired(audio, lengths, (LLM.AUDIO_FEATURES, LLM.AUDIO_FEATURE_LENGTHS))
     if audio is not None and int(lengths.sum()) != audio.shape[1]:
         raise RequestError(LLM.AUDIO_FEATURE_LENGTHS,

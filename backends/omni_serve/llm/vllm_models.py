@@ -10,8 +10,8 @@ from __future__ import annotations
 MODELS = {
     "Qwen2_5OmniModel": "omni_serve.llm.omni_thinker:OmniThinker",
     "Qwen2_5OmniForConditionalGeneration": "omni_serve.llm.omni_thinker:OmniThinker",
-    # a talker stage's engine (llm/talker.py sets it through hf_overrides)
-    "OmniTalkerForConditionalGeneration": "omni_serve.llm.omni_talker:OmniTalker",
+    # a talker stage's engine (talker/prompt.py sets it through hf_overrides)
+    "OmniTalkerForConditionalGeneration": "omni_serve.talker.model:OmniTalker",
 }
 
 

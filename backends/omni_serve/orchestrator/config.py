@@ -25,7 +25,7 @@ OPENAI_VOICE_MAP: dict[str, str] = {
 
 # The orchestrator's roles and the backend each must name (the stage's kind of work).
 ROLE_BACKENDS = {
-    "thinker": "omni_llm", "talker": "omni_llm", "image_encoder": "omni_encoder",
+    "thinker": "omni_llm", "talker": "omni_talker", "image_encoder": "omni_encoder",
     "audio_encoder": "omni_encoder", "audio_decoder": "omni_audio",
     "image_generator": "omni_dit",
 }

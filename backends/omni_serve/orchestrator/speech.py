@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni_serve.audio.request import chunk_plan
-from omni_serve.contract import AUDIO, LLM
+from omni_serve.contract import AUDIO, LLM, TALKER
 from omni_serve.llm.hidden_states import remove_handed_over
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import AudioChunk, CodecIds, Event, Timings
@@ -184,24 +184,23 @@ class Speech:
         sampling: dict[str, Any] = {**self.cfg.talker_sampling, **req.talker_sampling}
         sampling["seed"] = self.seed % 2**63
         inputs = {
-            LLM.THINKER_HIDDEN_STATES_FILE: np.array([rows.file.encode()], dtype=np.object_),
-            LLM.PROMPT_TOKEN_IDS: np.array(rows.prompt_ids, dtype=np.int64),
-            LLM.STREAM: np.array([True]),
-            LLM.SAMPLING_PARAMETERS: np.array([json.dumps(sampling).encode()], dtype=np.object_),
-            LLM.RETURN_TOKEN_IDS: np.array([True]),
+            TALKER.THINKER_HIDDEN_STATES_FILE: np.array([rows.file.encode()], dtype=np.object_),
+            TALKER.PROMPT_TOKEN_IDS: np.array(rows.prompt_ids, dtype=np.int64),
+            TALKER.SAMPLING_PARAMETERS: np.array([json.dumps(sampling).encode()], dtype=np.object_),
         }
-        for name in (LLM.IMAGE_GRID_THW, LLM.AUDIO_FEATURE_LENGTHS):
+        for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS):
             if name in self.media:
                 inputs[name] = self.media[name]
         if req.speaker:
-            inputs[LLM.SPEAKER] = np.array([req.speaker.encode()], dtype=np.object_)
+            inputs[TALKER.SPEAKER] = np.array([req.speaker.encode()], dtype=np.object_)
         async with contextlib.aclosing(self.calls.stream(
-                "talker", inputs, [LLM.TOKEN_IDS], f"{req.request_id}-talker", self.t)) as outs:
+                "talker", inputs, [TALKER.CODEC_IDS], f"{req.request_id}-talker", self.t)) as outs:
             async for out in outs:
-                ids = out.get(LLM.TOKEN_IDS)
-                if ids is None:
+                frames = out.get(TALKER.CODEC_IDS)
+                if frames is None:
                     continue
-                new = [int(i) for i in np.asarray(ids).reshape(-1)]
+                # [frames, groups]; one group (Qwen2.5-Omni): one code a frame
+                new = [int(i) for i in np.asarray(frames).reshape(-1)]
                 if new and req.return_codec_ids:
                     self.emit(CodecIds(new))
                 for code in new:

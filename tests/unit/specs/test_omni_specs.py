@@ -50,7 +50,7 @@ def omni_spec(models: dict[str, str], **roles) -> dict:
         "stages": {
             "llm": {"backend": "omni_llm", "model": models["lm"],
                     "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}},
-            "talker": {"backend": "omni_llm", "model": models["talker"]},
+            "talker": {"backend": "omni_talker", "model": models["talker"]},
             "aenc": {"backend": "omni_encoder", "model": models["thinker"],
                      "engine_args": {"modality": "audio"}},
             "dec": {"backend": "omni_audio", "model": models["t2w"]},
@@ -73,7 +73,7 @@ def test_the_omni_chat_preset_loads_with_an_orchestrator_entry(monkeypatch):
     assert spec.entry == "omni"
     assert spec.stages["omni"].backend == "omni_orchestrator" and spec.stages["omni"].model is None
     assert {s.backend for s in spec.stages.values()} == {
-        "omni_llm", "omni_encoder", "omni_audio", "omni_dit", "omni_orchestrator"}
+        "omni_llm", "omni_talker", "omni_encoder", "omni_audio", "omni_dit", "omni_orchestrator"}
 
 
 def test_the_orchestrator_gets_the_decoders_chunk_context_and_no_model(tmp_path, models):

@@ -268,8 +268,8 @@ def test_an_unknown_backend_lists_the_backends(tmp_path):
     data = base_spec()
     data["stages"]["llm"]["backend"] = "vllm"
     assert only_problem(tmp_path, data) == (
-        "stages.llm.backend: Input should be 'omni_llm', 'omni_dit', 'omni_encoder', 'omni_audio' "
-        "or 'omni_orchestrator' (got 'vllm')")
+        "stages.llm.backend: Input should be 'omni_llm', 'omni_talker', 'omni_dit', 'omni_encoder', "
+        "'omni_audio' or 'omni_orchestrator' (got 'vllm')")
 
 
 def test_a_missing_required_key_is_named(tmp_path):

@@ -1,8 +1,7 @@
-"""The talker stage's side of Qwen2.5-Omni's talker (runs in the omni_llm stub process).
+"""Qwen2.5-Omni's talker prompt and engine arguments (runs in the omni_talker stub process).
 
-An omni_llm stage with `"talker": true` in its engine arguments serves the
-checkpoint's own talker (llm/omni_talker.py) from the whole Qwen2.5-Omni
-folder. One talker request names the thinker's hidden-state file
+An omni_talker stage serves the checkpoint's own talker (talker/model.py)
+from the whole Qwen2.5-Omni folder. One talker request names the thinker's hidden-state file
 (`thinker_hidden_states_file`, written by the thinker stage with
 `hidden_states_in_shm`, same host), the thinker's prompt as the engine saw it
 (`prompt_token_ids`, placeholders expanded), the media grids for the 3D
@@ -17,7 +16,7 @@ positions (`image_grid_thw`, `audio_feature_lengths`) and the `speaker`.
     row  L+1      reply token 0's embedding + hidden state + codec bos
 
 with the talker's M-RoPE positions from the model's own `get_rope_index`, and
-the decode steps' inputs described in llm/talker_engine.py. Sampling defaults
+the decode steps' inputs described in talker/engine.py. Sampling defaults
 are the checkpoint's (`generate`'s talker_* defaults): stops on codec pad or
 end, never samples codec bos.
 """
@@ -32,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from omni_serve.contract import LLM
+from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
-from omni_serve.llm import hidden_states, talker_engine
+from omni_serve.llm import hidden_states
+from omni_serve.talker import engine as talker_engine
 
 ARCHITECTURE = "OmniTalkerForConditionalGeneration"  # registered by llm/vllm_models.py
-ENGINE_ARG = "talker"  # engine_args key that makes an omni_llm stage a talker
 SPEAKERS_FILE = "spk_dict.pt"
 # transformers' Qwen2_5OmniForConditionalGeneration.generate talker defaults
 DEFAULT_SAMPLING: dict[str, Any] = {
@@ -172,7 +171,7 @@ class TalkerPrompter:
     def speaker(self, name: str | None) -> str:
         name = name or self.default_speaker
         if name not in self.speakers:
-            raise RequestError(LLM.SPEAKER, f"unknown speaker {name!r}; this checkpoint has "
+            raise RequestError(TALKER.SPEAKER, f"unknown speaker {name!r}; this checkpoint has "
                                             f"{sorted(self.speakers)}")
         return name
 
@@ -182,7 +181,7 @@ class TalkerPrompter:
 
         speaker = self.speaker(req.speaker)
         if not talker_engine.valid_source(req.source):
-            raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+            raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                "must be a hidden-state file a thinker stage on this host handed "
                                f"over (hidden_states_in_shm), got {req.source!r}")
         n = len(req.prompt_token_ids)
@@ -214,13 +213,13 @@ class TalkerPrompter:
         while True:
             have = hidden_states.rows_in(path, self.width)
             if have is None:
-                raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                    f"{path} does not exist (the thinker request ended?)")
             if have >= rows and (data := hidden_states.read_rows(path, 0, rows, self.width)) is not None:
                 return data
             final = hidden_states.final_rows(path)
             if final is not None and final < rows:
-                raise RequestError(LLM.THINKER_HIDDEN_STATES_FILE,
+                raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                    f"the thinker's reply ended after {final} rows; the talker "
                                    f"needs {rows} (a reply of at least 2 tokens)")
             if time.monotonic() > deadline:

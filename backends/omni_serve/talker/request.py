@@ -1,0 +1,71 @@
+"""Requests and responses of the omni_talker stage (runs inside the Triton stub and in tests).
+
+`parse_request` turns the named input tensors (already numpy) into a
+`TalkerRequest`, validating everything before the engine sees it; outputs are
+`TalkerOutput`s of codec codes, [frames, groups].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omni_serve.contract import TALKER
+from omni_serve.errors import RequestError
+from omni_serve.fields import scalar, text
+from omni_serve.llm import sampling
+from omni_serve.llm.request import counts, token_ids
+from omni_serve.talker.prompt import TalkerInput
+
+
+@dataclass
+class TalkerRequest:
+    request_id: str
+    feed: TalkerInput
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TalkerOutput:
+    """New codes since the last output, [frames, groups] int64."""
+
+    codes: np.ndarray
+    finish_reason: str | None
+    final: bool
+
+
+def aborted_output(groups: int = 1) -> TalkerOutput:
+    """The final output of a request stopped before the engine ran it."""
+    return TalkerOutput(np.zeros((0, groups), dtype=np.int64), "abort", True)
+
+
+def merge_outputs(outputs: list[TalkerOutput]) -> TalkerOutput:
+    """Several consecutive outputs of one request as one (codes joined)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return TalkerOutput(np.concatenate([o.codes for o in outputs]), last.finish_reason, last.final)
+
+
+def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
+                  parameters: dict[str, Any] | None = None) -> TalkerRequest:
+    """Validate one request; request parameters may carry sampling fields (as omni_llm's),
+    the `sampling_parameters` tensor wins on conflicts."""
+    source = text(TALKER.THINKER_HIDDEN_STATES_FILE,
+                  scalar(tensors, TALKER.THINKER_HIDDEN_STATES_FILE))
+    if not source:
+        raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
+                           "is required: the hidden_states_file a thinker stage handed over")
+    ids = token_ids(TALKER.PROMPT_TOKEN_IDS, tensors.get(TALKER.PROMPT_TOKEN_IDS))
+    if ids is None:
+        raise RequestError(TALKER.PROMPT_TOKEN_IDS, "is required (the thinker's input_token_ids)")
+    speaker = text(TALKER.SPEAKER, scalar(tensors, TALKER.SPEAKER))
+    feed = TalkerInput(
+        source=source, prompt_token_ids=tuple(ids), speaker=speaker or None,
+        image_grid_thw=counts(TALKER.IMAGE_GRID_THW, tensors.get(TALKER.IMAGE_GRID_THW), "n,3"),
+        audio_feature_lengths=counts(TALKER.AUDIO_FEATURE_LENGTHS,
+                                     tensors.get(TALKER.AUDIO_FEATURE_LENGTHS), "n"))
+    from_params = sampling.coerce(dict(parameters or {}), source="parameters")
+    from_tensor = sampling.coerce(sampling.parse_json(scalar(tensors, TALKER.SAMPLING_PARAMETERS)))
+    return TalkerRequest(request_id, feed, {**from_params, **from_tensor})

@@ -1,0 +1,69 @@
+"""omni_talker requests: what a talker request must carry, named field by field (no server)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omni_serve.contract import TALKER, TALKER_CONTRACT
+from omni_serve.errors import RequestError
+from omni_serve.talker.request import TalkerOutput, aborted_output, merge_outputs, parse_request
+
+FILE = "/dev/shm/omni_hs_x/y"
+
+
+def tensors(**extra):
+    base = {TALKER.THINKER_HIDDEN_STATES_FILE: np.array([FILE.encode()], dtype=np.object_),
+            TALKER.PROMPT_TOKEN_IDS: np.array([5, 6, 7], np.int64)}
+    return {**base, **extra}
+
+
+def test_a_talker_request_carries_the_thinkers_file_prompt_media_speaker_and_sampling():
+    req = parse_request("t-1", tensors(**{
+        TALKER.IMAGE_GRID_THW: np.array([[1, 4, 6]], np.int64),
+        TALKER.AUDIO_FEATURE_LENGTHS: np.array([300], np.int64),
+        TALKER.SPEAKER: np.array([b"Ethan"], dtype=np.object_),
+        TALKER.SAMPLING_PARAMETERS: np.array([b'{"temperature": 0, "max_tokens": 9}'],
+                                             dtype=np.object_)}))
+    assert req.request_id == "t-1"
+    assert req.feed.source == FILE and req.feed.prompt_token_ids == (5, 6, 7)
+    assert req.feed.speaker == "Ethan"
+    assert req.feed.image_grid_thw.tolist() == [[1, 4, 6]]
+    assert req.feed.audio_feature_lengths.tolist() == [300]
+    assert req.sampling == {"temperature": 0.0, "max_tokens": 9}
+
+
+@pytest.mark.parametrize("missing", [TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS])
+def test_a_request_without_the_thinkers_file_or_prompt_names_what_is_missing(missing):
+    inputs = tensors()
+    del inputs[missing]
+    with pytest.raises(RequestError, match="is required") as e:
+        parse_request("t", inputs)
+    assert e.value.field == missing
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    (TALKER.PROMPT_TOKEN_IDS, np.array([1, -2], np.int64), ">= 0"),
+    (TALKER.IMAGE_GRID_THW, np.array([[1, 0, 4]], np.int64), ">= 1"),
+    (TALKER.AUDIO_FEATURE_LENGTHS, np.array([1.5], np.float32), "integers"),
+    (TALKER.SAMPLING_PARAMETERS, np.array([b"{not json"], dtype=np.object_), "invalid JSON"),
+])
+def test_bad_values_name_their_field(field, value, fragment):
+    with pytest.raises(RequestError, match=fragment) as e:
+        parse_request("t", tensors(**{field: value}))
+    assert e.value.field.startswith(field)
+
+
+def test_codes_are_frames_by_groups_and_merge_in_order():
+    outs = [TalkerOutput(np.array([[1], [2]]), None, False), TalkerOutput(np.array([[3]]), "stop", True)]
+    merged = merge_outputs(outs)
+    assert merged.codes.tolist() == [[1], [2], [3]] and merged.final and merged.finish_reason == "stop"
+    assert merge_outputs(outs[:1]) is outs[0]
+    empty = aborted_output()
+    assert empty.codes.shape == (0, 1) and empty.finish_reason == "abort" and empty.final
+
+
+def test_the_contract_streams_codec_ids_as_frames_by_groups():
+    assert TALKER_CONTRACT.decoupled and TALKER_CONTRACT.batching == "engine"
+    assert TALKER_CONTRACT.output(TALKER.CODEC_IDS).dims == (-1, -1)
+    required = {s.name for s in TALKER_CONTRACT.inputs if not s.optional}
+    assert required == {TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS}
