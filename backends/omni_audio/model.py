@@ -18,6 +18,7 @@ from omni_serve.audio.request import parse_request
 from omni_serve.audio.runner import AudioRunner
 from omni_serve.batched_adapter import BatchedExecute
 from omni_serve.contract import AUDIO, AUDIO_CONTRACT
+from omni_serve.metrics_table import AudioMetrics
 from omni_serve.tritonio import (
     Metrics,
     make_response,
@@ -37,10 +38,9 @@ class TritonPythonModel(StageModel):
         self.runner = AudioRunner(self.cfg)
         self._rate = np.array([[self.runner.sample_rate]], dtype=np.int32)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
-        self._seconds = m.counter("omni_audio_generated_seconds_total", "Seconds of audio returned")
+        self._seconds = m.counter(AudioMetrics.GENERATED_SECONDS)
         self._execute = BatchedExecute(
-            m, "omni_audio",
-            "Seconds spent in Token2Wav calls (real-time factor = compute / generated)",
+            m, AudioMetrics,
             parse=lambda r: parse_request(read_inputs(r, AUDIO_CONTRACT), self.runner.limits),
             run=lambda items: self.runner.run(items), respond=self._response)
 

@@ -17,6 +17,7 @@ from omni_serve.contract import DIT, DIT_CONTRACT
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import parse_request
 from omni_serve.dit.runner import DitRunner, encode_png
+from omni_serve.metrics_table import DitMetrics
 from omni_serve.tritonio import (
     Metrics,
     pb,
@@ -36,17 +37,13 @@ class TritonPythonModel(StageModel):
         self.runner = DitRunner(self.cfg)
         self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
         self._execute = BatchedExecute(
-            m, "omni_dit", "Seconds spent in pipeline calls",
+            m, DitMetrics,
             parse=lambda r: parse_request(read_inputs(r, DIT_CONTRACT), self.cfg),
             run=self._run, respond=self._response)
-        self._images = m.counter("omni_dit_images_total", "Images generated")
-        self._steps = m.counter("omni_dit_denoising_steps_total",
-                                "Denoising steps run (per image)")
-        self._cache_lookups = m.counter("omni_dit_cache_lookups_total",
-                                        "Transformer forwards run with the step cache on")
-        self._cache_hits = m.counter("omni_dit_cache_hits_total",
-                                     "Forwards that reused the cached residual (hit rate = "
-                                     "hits / lookups)")
+        self._images = m.counter(DitMetrics.IMAGES)
+        self._steps = m.counter(DitMetrics.DENOISING_STEPS)
+        self._cache_lookups = m.counter(DitMetrics.CACHE_LOOKUPS)
+        self._cache_hits = m.counter(DitMetrics.CACHE_HITS)
         self._cache_seen = dict(self.runner.cache_stats)
 
     def execute(self, requests):

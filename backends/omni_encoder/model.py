@@ -19,6 +19,7 @@ from omni_serve.contract import ENCODER, ENCODER_CONTRACT
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
+from omni_serve.metrics_table import EncoderMetrics
 from omni_serve.tritonio import (
     Metrics,
     pb,
@@ -46,10 +47,10 @@ class TritonPythonModel(StageModel):
         self.runner = EncoderRunner(self.cfg)
         labels = {"model": self.model_name, "modality": self.cfg.modality}
         self._metrics = m = Metrics(labels)  # families must outlive metrics
-        self._items = m.counter("omni_encoder_items_total", "Media items encoded")
-        self._tokens = m.counter("omni_encoder_tokens_total", "Prompt tokens the items stand for")
+        self._items = m.counter(EncoderMetrics.ITEMS)
+        self._tokens = m.counter(EncoderMetrics.TOKENS)
         self._execute = BatchedExecute(
-            m, "omni_encoder", "Seconds spent decoding, preprocessing and encoding",
+            m, EncoderMetrics,
             parse=_media, run=lambda items: self.runner.run(items), respond=self._response)
 
     def execute(self, requests):

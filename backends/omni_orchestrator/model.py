@@ -22,6 +22,7 @@ import numpy as np
 
 from omni_serve.adapter import StageModel
 from omni_serve.contract import OMNI, OMNI_CONTRACT
+from omni_serve.metrics_table import STAGE_ROLES, OrchestratorMetrics
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.locality import local_grpc_url, remote_endpoints
 from omni_serve.orchestrator.pipeline import (
@@ -44,10 +45,6 @@ from omni_serve.tritonio import (
 )
 
 log = logging.getLogger("omni_orchestrator")
-
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
-_ROLES = ("thinker", "image_encoder", "audio_encoder", "talker", "audio_decoder", "image_generator")
 
 
 def response_tensors(events: list) -> tuple[dict[str, np.ndarray], bool]:
@@ -140,25 +137,20 @@ class TritonPythonModel(StageModel):
         self._thread = threading.Thread(target=self.loop.run_forever,
                                         name=f"{self.model_name}-loop", daemon=True)
         self._thread.start()
-        self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
-        self._ttft = m.histogram("omni_time_to_first_token_seconds",
-                                 "Request arrival to the first text delta", _LATENCY_BUCKETS)
-        self._ttfa = m.histogram("omni_time_to_first_audio_seconds",
-                                 "Request arrival to the first audio chunk", _LATENCY_BUCKETS)
-        self._rtf = m.histogram("omni_audio_real_time_factor",
-                                "Speech generation wall time / seconds of audio", _RTF_BUCKETS)
-        self._stage = m.histograms("omni_stage_latency_seconds",
-                                   "Per request: seconds spent in calls to each stage",
-                                   _LATENCY_BUCKETS, "stage", _ROLES)
-        self._passed_over = m.counters(
-            "omni_thinker_failovers_total",
-            "Requests sent on to another thinker engine because this one was found down",
-            "engine", self.cfg.stages.thinkers)
-        self._in_flight = m.gauge("omni_requests_in_flight",
-                                  "Requests being served: accepted, their pipeline not yet ended "
-                                  "(0 means no stage call of this model is running or will start)")
+        self._create_metrics()
         self._in_flight_lock = threading.Lock()
         self._in_flight_n = 0
+
+    def _create_metrics(self) -> None:
+        """metrics_table.OrchestratorMetrics, label model."""
+        self._metrics = m = Metrics({"model": self.model_name})  # families must outlive metrics
+        self._ttft = m.histogram(OrchestratorMetrics.TIME_TO_FIRST_TOKEN)
+        self._ttfa = m.histogram(OrchestratorMetrics.TIME_TO_FIRST_AUDIO)
+        self._rtf = m.histogram(OrchestratorMetrics.AUDIO_REAL_TIME_FACTOR)
+        self._stage = m.histograms(OrchestratorMetrics.STAGE_LATENCY, "stage", STAGE_ROLES)
+        self._passed_over = m.counters(OrchestratorMetrics.THINKER_FAILOVERS, "engine",
+                                       self.cfg.stages.thinkers)
+        self._in_flight = m.gauge(OrchestratorMetrics.REQUESTS_IN_FLIGHT)
 
     def execute(self, requests):
         for request in requests:

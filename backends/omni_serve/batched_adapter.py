@@ -13,9 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from omni_serve.metrics_table import MetricTable
 from omni_serve.tritonio import Metrics, parse_each, pb, triton_error
-
-BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 
 class BatchedExecute:
@@ -23,17 +22,15 @@ class BatchedExecute:
 
     parse(request) -> item; run(items) -> one result (or exception) per item;
     respond(request, item, result) -> the InferenceResponse of a good result.
-    Records the batch size histogram `<prefix>_batch_size` and the run time
-    in the counter `<prefix>_compute_seconds_total` (`compute_doc` says what it
-    counts).
+    Records the batch size in the stage table's `BATCH_SIZE` histogram and the
+    run time in its `COMPUTE_SECONDS` counter (omni_serve.metrics_table).
     """
 
-    def __init__(self, metrics: Metrics, prefix: str, compute_doc: str,
+    def __init__(self, metrics: Metrics, table: type[MetricTable],
                  parse: Callable[[Any], Any], run: Callable[[list[Any]], Sequence[Any]],
                  respond: Callable[[Any, Any, Any], Any]):
-        self._batch = metrics.histogram(f"{prefix}_batch_size", "Requests per execute() call",
-                                        BATCH_BUCKETS)
-        self._busy = metrics.counter(f"{prefix}_compute_seconds_total", compute_doc)
+        self._batch = metrics.histogram(table.BATCH_SIZE)
+        self._busy = metrics.counter(table.COMPUTE_SECONDS)
         self._parse = parse
         self._run = run
         self._respond = respond

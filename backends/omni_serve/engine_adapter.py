@@ -22,40 +22,27 @@ import numpy as np
 from omni_serve.adapter import StageModel
 from omni_serve.contract import ENGINE_ARGS_FILE, LLM
 from omni_serve.errors import StageUnavailableError
+from omni_serve.metrics_table import LlmMetrics
 from omni_serve.processes import exit_with_parent
 from omni_serve.tritonio import Metrics, Outbox, make_response, pb, read_inputs, request_parameters
 
-_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-
 
 class EngineMetrics:
-    """StageMetrics on Triton's /metrics endpoint (omni_llm_* families, label model)."""
+    """StageMetrics on Triton's /metrics endpoint (metrics_table.LlmMetrics, label model)."""
 
     def __init__(self, model_name: str):
         m = Metrics({"model": model_name})
         self._m = m
-        self._ttft = m.histogram("omni_llm_time_to_first_token_seconds",
-                                 "Time from request arrival to the first generated token",
-                                 _LATENCY_BUCKETS)
-        self._tpot = m.histogram("omni_llm_time_per_output_token_seconds",
-                                 "Per request: decode time / (output tokens - 1)", _LATENCY_BUCKETS)
-        self._prompt = m.counter("omni_llm_prompt_tokens_total", "Prompt tokens processed")
-        self._gen = m.counter("omni_llm_generation_tokens_total", "Tokens generated")
-        self._queue = m.histogram("omni_llm_queue_time_seconds",
-                                  "Per finished request: time in vLLM's waiting queue, queued to "
-                                  "first scheduled", _LATENCY_BUCKETS)
-        self._running = m.gauge("omni_llm_engine_running_requests",
-                                "Requests the vLLM scheduler is running")
-        self._waiting = m.gauge("omni_llm_engine_waiting_requests",
-                                "Requests waiting in the vLLM scheduler")
-        self._in_flight = m.gauge("omni_llm_requests_in_flight",
-                                  "Requests the stage holds: submitted, their last output not yet "
-                                  "handed to the response sender (exact, unlike the engine gauges)")
-        # hit rate = hits / queries (vLLM's vllm:prefix_cache_queries / _hits)
-        self._cache_queries = m.counter("omni_llm_prefix_cache_queries_total",
-                                        "Prompt tokens looked up in vLLM's prefix cache")
-        self._cache_hits = m.counter("omni_llm_prefix_cache_hits_total",
-                                     "Prompt tokens found in vLLM's prefix cache (not recomputed)")
+        self._ttft = m.histogram(LlmMetrics.TIME_TO_FIRST_TOKEN)
+        self._tpot = m.histogram(LlmMetrics.TIME_PER_OUTPUT_TOKEN)
+        self._prompt = m.counter(LlmMetrics.PROMPT_TOKENS)
+        self._gen = m.counter(LlmMetrics.GENERATION_TOKENS)
+        self._queue = m.histogram(LlmMetrics.QUEUE_TIME)
+        self._running = m.gauge(LlmMetrics.ENGINE_RUNNING)
+        self._waiting = m.gauge(LlmMetrics.ENGINE_WAITING)
+        self._in_flight = m.gauge(LlmMetrics.REQUESTS_IN_FLIGHT)
+        self._cache_queries = m.counter(LlmMetrics.PREFIX_CACHE_QUERIES)
+        self._cache_hits = m.counter(LlmMetrics.PREFIX_CACHE_HITS)
 
     def time_to_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)

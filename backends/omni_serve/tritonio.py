@@ -30,6 +30,7 @@ from omni_serve.errors import (
     StageFailedError,
     StageUnavailableError,
 )
+from omni_serve.metrics_table import MetricSpec
 
 log = logging.getLogger(__name__)
 
@@ -334,37 +335,44 @@ class _Gauge:
 
 
 class Metrics:
-    """Creates Triton custom metric families once per process and hands out metrics."""
+    """Creates Triton custom metric families once per process and hands out metrics.
+
+    Each family is a MetricSpec of omni_serve.metrics_table, created as declared
+    (kind and labels checked)."""
 
     def __init__(self, labels: dict[str, str]):
         self.labels = labels
         self._families: list[Any] = []
 
-    def _family(self, name: str, doc: str, kind: str):
+    def _family(self, spec: MetricSpec, kind: str, extra: str | None = None):
+        if spec.kind != kind:
+            raise ValueError(f"{spec.name} is declared a {spec.kind}, not a {kind}")
+        labels = (*self.labels, extra) if extra else tuple(self.labels)
+        if set(labels) != set(spec.labels):
+            raise ValueError(f"{spec.name} is declared with labels {spec.labels}, not {labels}")
         pb_utils = pb()
-        fam = pb_utils.MetricFamily(name=name, description=doc,
-                                    kind=getattr(pb_utils.MetricFamily, kind))
+        fam = pb_utils.MetricFamily(name=spec.name, description=spec.help,
+                                    kind=getattr(pb_utils.MetricFamily, kind.upper()))
         self._families.append(fam)
         return fam
 
-    def counter(self, name: str, doc: str):
-        return self._family(name, doc, "COUNTER").Metric(labels=self.labels)
+    def counter(self, spec: MetricSpec):
+        return self._family(spec, "counter").Metric(labels=self.labels)
 
-    def gauge(self, name: str, doc: str) -> _Gauge:
-        return _Gauge(self._family(name, doc, "GAUGE").Metric(labels=self.labels))
+    def gauge(self, spec: MetricSpec) -> _Gauge:
+        return _Gauge(self._family(spec, "gauge").Metric(labels=self.labels))
 
-    def histogram(self, name: str, doc: str, buckets: Iterable[float]):
-        return self._family(name, doc, "HISTOGRAM").Metric(labels=self.labels,
-                                                           buckets=list(buckets))
+    def histogram(self, spec: MetricSpec):
+        return self._family(spec, "histogram").Metric(labels=self.labels,
+                                                      buckets=list(spec.buckets))
 
-    def histograms(self, name: str, doc: str, buckets: Iterable[float], label: str,
-                   values: Iterable[str]) -> dict[str, Any]:
+    def histograms(self, spec: MetricSpec, label: str, values: Iterable[str]) -> dict[str, Any]:
         """One histogram family, one metric per value of the extra `label`."""
-        fam = self._family(name, doc, "HISTOGRAM")
-        return {v: fam.Metric(labels={**self.labels, label: v}, buckets=list(buckets))
+        fam = self._family(spec, "histogram", label)
+        return {v: fam.Metric(labels={**self.labels, label: v}, buckets=list(spec.buckets))
                 for v in values}
 
-    def counters(self, name: str, doc: str, label: str, values: Iterable[str]) -> dict[str, Any]:
+    def counters(self, spec: MetricSpec, label: str, values: Iterable[str]) -> dict[str, Any]:
         """One counter family, one metric per value of the extra `label`."""
-        fam = self._family(name, doc, "COUNTER")
+        fam = self._family(spec, "counter", label)
         return {v: fam.Metric(labels={**self.labels, label: v}) for v in values}

@@ -39,6 +39,7 @@ from omni_client.openai_server.responses import (
     speech_stream,
 )
 from omni_client.types import AudioChunk, Event
+from omni_serve.metrics_table import OpenAIMetrics
 
 log = logging.getLogger("omni_openai")
 
@@ -55,12 +56,12 @@ class Frontend:
         self.client: AsyncOmniClient | None = None
         self._models: tuple[float, list[ModelInfo]] = (0.0, [])
         self.registry = CollectorRegistry()
-        self.requests = Counter("omni_openai_requests", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=self.registry)
-        self.latency = Histogram("omni_openai_request_seconds",
-                                 "Time to the response head (streams: to the first event)",
-                                 ["endpoint"], registry=self.registry,
-                                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        requests, latency = OpenAIMetrics.REQUESTS, OpenAIMetrics.REQUEST_SECONDS
+        # prometheus_client adds the counter's _total itself
+        self.requests = Counter(requests.name.removesuffix("_total"), requests.help,
+                                list(requests.labels), registry=self.registry)
+        self.latency = Histogram(latency.name, latency.help, list(latency.labels),
+                                 registry=self.registry, buckets=latency.buckets)
 
     async def start(self) -> None:
         self.client = AsyncOmniClient(self.triton_url, timeout=self.timeout_s)

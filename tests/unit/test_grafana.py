@@ -1,20 +1,21 @@
 """docs/grafana/omni-triton.json and docs/metrics.md against the metrics the code exports
-(omni_tools.metric_names reads those from the stages' source)."""
+(omni_serve.metrics_table, the tables the adapters create their families from)."""
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
 
-from omni_tools import grafana, metric_names
+from omni_serve import metrics_table
+from omni_tools import grafana
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "omni-triton.json"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 
 
-def _known() -> dict[str, metric_names.Metric]:
-    return {**metric_names.exported(), **metric_names.TRITON}
+def _known() -> dict[str, metrics_table.MetricSpec]:
+    return metrics_table.known()
 
 
 def _targets(board: dict) -> list[tuple[str, str]]:
@@ -51,7 +52,7 @@ def test_every_expression_reads_metrics_the_code_exports():
         names = grafana.metrics_in(expr)
         assert names, f"{title}: {expr} reads no metric"
         for name in names:
-            assert metric_names.family(name, known), f"{title}: nothing exports {name}"
+            assert metrics_table.family(name, known), f"{title}: nothing exports {name}"
 
 
 def test_a_panel_on_a_metric_nobody_exports_is_reported():
@@ -65,25 +66,23 @@ def test_a_panel_on_a_metric_nobody_exports_is_reported():
 
 
 def test_every_exported_metric_has_a_panel():
-    known = metric_names.exported()
-    charted = {metric_names.family(name, known).name
+    known = metrics_table.exported()
+    charted = {metrics_table.family(name, known).name
                for _, expr in _targets(json.loads(DASHBOARD.read_text()))
-               for name in grafana.metrics_in(expr) if metric_names.family(name, known)}
+               for name in grafana.metrics_in(expr) if metrics_table.family(name, known)}
     assert sorted(set(known) - charted) == []
 
 
-def _doc_table() -> dict[str, str]:
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (counter|gauge|histogram) \|", METRICS_DOC.read_text(),
-                      re.MULTILINE)
-    return dict(rows)
+def _doc_table() -> dict[str, tuple[str, tuple[str, ...]]]:
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (counter|gauge|histogram) \| ([a-z, ]+) \|",
+                      METRICS_DOC.read_text(), re.MULTILINE)
+    return {name: (kind, tuple(label.strip() for label in labels.split(",")))
+            for name, kind, labels in rows}
 
 
-def test_the_metrics_page_lists_every_exported_metric_with_its_type():
+def test_the_metrics_page_lists_every_declared_metric_with_its_type_and_labels():
     table = _doc_table()
-    exported = {m.name: m.kind for m in metric_names.exported().values()}
-    assert {n: k for n, k in table.items() if not n.startswith("nv_")} == exported
-    triton = {n: k for n, k in table.items() if n.startswith("nv_")}
-    assert triton == {m.name: m.kind for m in metric_names.TRITON.values()}
+    assert table == {m.name: (m.kind, m.labels) for m in metrics_table.known().values()}
 
 
 def test_the_metrics_page_promql_reads_exported_metrics():
@@ -91,4 +90,4 @@ def test_the_metrics_page_promql_reads_exported_metrics():
     blocks = re.findall(r"```promql\n(.*?)```", METRICS_DOC.read_text(), re.DOTALL)
     names = [n for block in blocks for n in grafana.metrics_in(block)]
     assert names
-    assert [n for n in names if metric_names.family(n, known) is None] == []
+    assert [n for n in names if metrics_table.family(n, known) is None] == []

@@ -1,6 +1,6 @@
 """The stages' Prometheus metrics: what the vLLM stat logger forwards (queue time, scheduler,
-prefix cache), and omni_tools.metric_names, which reads the exported names from the source
-(checked here against the families the adapters really create)."""
+prefix cache), and omni_serve.metrics_table, checked here against the families the adapters
+really create (name, kind, help, buckets, labels)."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +11,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from omni_serve import metrics_table
 from omni_serve.llm.metrics import stat_logger_factory
-from omni_tools import metric_names
+from omni_serve.metrics_table import (
+    AudioMetrics,
+    DitMetrics,
+    EncoderMetrics,
+    LlmMetrics,
+    MetricSpec,
+    OpenAIMetrics,
+    OrchestratorMetrics,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,11 +78,15 @@ class _Family:
     created: list[_Family] = []
 
     def __init__(self, name, description, kind):
-        self.name, self.kind, self.samples = name, kind, []
+        self.name, self.description, self.kind, self.samples = name, description, kind, []
+        self.labels: set[tuple[str, ...]] = set()
+        self.buckets: set[tuple[float, ...]] = set()
         _Family.created.append(self)
 
     def Metric(self, labels, buckets=None):  # pb_utils spelling
         family = self
+        family.labels.add(tuple(sorted(labels)))
+        family.buckets.add(tuple(buckets or ()))
 
         class _Metric:
             def observe(self, v):
@@ -134,63 +147,89 @@ def _initialized(monkeypatch, stage: str, runner_attr: str, runner) -> None:
     model.initialize({"model_name": stage, "model_repository": "/nonexistent"})
 
 
-def _exported_by(source: str) -> dict[str, str]:
-    return {m.name: m.kind for m in metric_names.exported().values() if m.source == source}
+def _declared(families: list[_Family]) -> list[MetricSpec]:
+    """The created families, as MetricSpecs (one label set and bucket list per family)."""
+    specs = []
+    for f in families:
+        assert len(f.labels) == len(f.buckets) == 1, f.name
+        (labels,), (buckets,) = f.labels, f.buckets
+        specs.append(MetricSpec(f.name, f.kind, f.description, buckets, labels))
+    return specs
 
 
-def test_metric_names_finds_the_families_the_engine_adapters_create(families):
+def _sorted(specs) -> list[MetricSpec]:
+    return sorted((MetricSpec(s.name, s.kind, s.help, s.buckets, tuple(sorted(s.labels)))
+                   for s in specs), key=lambda s: s.name)
+
+
+def test_the_engine_adapters_create_exactly_the_llm_table(families):
     _engine_metrics("llm")
-    assert {f.name: f.kind for f in families} == _exported_by("backends/omni_serve/engine_adapter.py")
+    assert _sorted(_declared(families)) == _sorted(LlmMetrics.ALL)
 
 
-@pytest.mark.parametrize("stage, runner_attr, runner", [
-    ("omni_dit", "DitRunner", SimpleNamespace(cache_stats={"lookups": 0, "hits": 0})),
-    ("omni_audio", "AudioRunner", SimpleNamespace(sample_rate=24000, limits=None)),
-    ("omni_encoder", "EncoderRunner", SimpleNamespace()),
+@pytest.mark.parametrize("stage, runner_attr, runner, table", [
+    ("omni_dit", "DitRunner", SimpleNamespace(cache_stats={"lookups": 0, "hits": 0}), DitMetrics),
+    ("omni_audio", "AudioRunner", SimpleNamespace(sample_rate=24000, limits=None), AudioMetrics),
+    ("omni_encoder", "EncoderRunner", SimpleNamespace(), EncoderMetrics),
 ])
-def test_metric_names_finds_the_families_a_batched_adapter_creates(families, monkeypatch, stage,
-                                                                    runner_attr, runner):
-    """Including BatchedExecute's `<prefix>_batch_size` and `<prefix>_compute_seconds_total`."""
+def test_a_batched_adapter_creates_exactly_its_table(families, monkeypatch, stage, runner_attr,
+                                                     runner, table):
+    """Including BatchedExecute's `<stage>_batch_size` and `<stage>_compute_seconds_total`."""
     _initialized(monkeypatch, stage, runner_attr, runner)
-    created = {f.name: f.kind for f in families}
-    assert f"{stage}_batch_size" in created
-    assert created == _exported_by(f"backends/{stage}/model.py")
+    assert f"{stage}_batch_size" in {f.name for f in families}
+    assert _sorted(_declared(families)) == _sorted(table.ALL)
 
 
-def test_metric_names_reads_literal_templated_and_prometheus_client_metrics(tmp_path):
-    (tmp_path / "backends").mkdir()
-    (tmp_path / "omni_client").mkdir()
-    (tmp_path / "backends" / "helper.py").write_text(
-        "class Exec:\n"
-        "    def __init__(self, metrics, prefix, doc):\n"
-        "        self.b = metrics.histogram(f'{prefix}_batch_size', 'Batch', (1, 2))\n"
-        "        self.c = metrics.counter(f'{prefix}_busy_seconds_total', doc)\n")
-    (tmp_path / "backends" / "stage.py").write_text(
-        "m = Metrics({'model': 'x'})\n"
-        "a = m.gauge('omni_x_things', 'Things')\n"
-        "b = m.counters('omni_x_events_total', 'Events', 'kind', ['a'])\n"
-        "e = Exec(m, 'omni_x', 'Busy')\n"
-        "f = Exec(m, prefix='omni_y', doc='Busy')\n"
-        "n = m.counter('not_ours_total', 'Skipped: no omni_ prefix')\n")
-    (tmp_path / "omni_client" / "app.py").write_text(
-        "requests = Counter('omni_front_requests', 'Requests', ['status'])\n"
-        "latency = Histogram('omni_front_seconds', 'Latency')\n")
-    found = {m.name: (m.kind, m.source) for m in metric_names.exported(tmp_path).values()}
-    assert found == {
-        "omni_x_things": ("gauge", "backends/stage.py"),
-        "omni_x_events_total": ("counter", "backends/stage.py"),
-        "omni_x_batch_size": ("histogram", "backends/stage.py"),
-        "omni_x_busy_seconds_total": ("counter", "backends/stage.py"),
-        "omni_y_batch_size": ("histogram", "backends/stage.py"),
-        "omni_y_busy_seconds_total": ("counter", "backends/stage.py"),
-        "omni_front_requests_total": ("counter", "omni_client/app.py"),
-        "omni_front_seconds": ("histogram", "omni_client/app.py"),
-    }
+def test_the_orchestrator_adapter_creates_exactly_its_table(families):
+    module = _adapter("omni_orchestrator")
+    model = SimpleNamespace(model_name="omni",
+                            cfg=SimpleNamespace(stages=SimpleNamespace(thinkers=("a", "b"))))
+    module.TritonPythonModel._create_metrics(model)
+    assert _sorted(_declared(families)) == _sorted(OrchestratorMetrics.ALL)
+    stage = next(f for f in families if f.name == "omni_stage_latency_seconds")
+    assert len(stage.samples) == 0 and stage.labels == {("model", "stage")}
+
+
+def test_omni_openai_creates_exactly_its_table():
+    from omni_client.openai_server.app import Frontend
+
+    registry = Frontend("localhost:1", timeout_s=None).registry
+    created = {}
+    for fam in registry.collect():
+        name = fam.name + "_total" if fam.type == "counter" else fam.name
+        created[name] = (fam.type, fam.documentation)
+    assert created == {s.name: (s.kind, s.help) for s in OpenAIMetrics.ALL}
+
+
+def test_metrics_refuses_a_spec_of_another_kind_or_other_labels(families):
+    from omni_serve.tritonio import Metrics
+
+    m = Metrics({"model": "x"})
+    with pytest.raises(ValueError, match="declared a counter, not a gauge"):
+        m.gauge(DitMetrics.IMAGES)
+    with pytest.raises(ValueError, match="labels"):
+        m.counter(EncoderMetrics.ITEMS)  # declared with model and modality
+    assert families == []
+
+
+def test_a_spec_is_checked_when_declared():
+    with pytest.raises(ValueError, match="buckets"):
+        MetricSpec("omni_x_seconds", "histogram", "no buckets")
+    with pytest.raises(ValueError, match="buckets"):
+        MetricSpec("omni_x_total", "counter", "buckets", (1.0,))
+    with pytest.raises(ValueError, match="_total"):
+        MetricSpec("omni_x_events", "counter", "counter without _total")
+
+
+def test_no_two_tables_declare_one_name():
+    names = [s.name for t in metrics_table.TABLES for s in t.ALL]
+    assert len(names) == len(set(names))
 
 
 def test_series_names_map_to_their_family():
-    known = metric_names.exported()
-    assert metric_names.family("omni_llm_queue_time_seconds_bucket", known).kind == "histogram"
-    assert metric_names.family("omni_dit_images_total", known).kind == "counter"
-    assert metric_names.family("omni_dit_images_total_count", known) is None  # not a histogram
-    assert metric_names.family("omni_llm_no_such_seconds", known) is None
+    known = metrics_table.known()
+    assert metrics_table.family("omni_llm_queue_time_seconds_bucket", known).kind == "histogram"
+    assert metrics_table.family("omni_dit_images_total", known).kind == "counter"
+    assert metrics_table.family("omni_dit_images_total_count", known) is None  # not a histogram
+    assert metrics_table.family("omni_llm_no_such_seconds", known) is None
+    assert metrics_table.family("nv_inference_request_success", known).kind == "counter"

@@ -4,8 +4,8 @@
     python -m omni_tools.grafana --check    # exit 1 if the committed file is not what it writes
 
 Each panel is a title, a unit and its PromQL; the metric names in the PromQL
-must be ones the code exports (omni_tools.metric_names, read from the
-stages' source) or Triton's own, so a renamed metric fails the generator
+must be ones the stages declare (omni_serve.metrics_table, the tables the
+adapters create their families from) or Triton's own, so a renamed metric fails the generator
 (and tests/unit/test_grafana.py) instead of leaving a blank panel. The
 dashboard has a Prometheus datasource variable `DS_PROMETHEUS` and a
 multi-value `model` variable (Triton model names); docs/metrics.md says
@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from omni_tools import metric_names
+from omni_serve import metrics_table
 
-OUTPUT = metric_names.ROOT / "docs" / "grafana" / "omni-triton.json"
+OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "omni-triton.json"
 DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 M = 'model=~"$model"'  # the model variable, in a selector
 RATE = "[$__rate_interval]"
@@ -156,10 +156,10 @@ def metrics_in(expr: str) -> list[str]:
 
 def unknown_metrics(rows=ROWS, known=None) -> list[str]:
     """'panel: series' for each series the panels read that nothing exports."""
-    known = {**metric_names.exported(), **metric_names.TRITON} if known is None else known
+    known = metrics_table.known() if known is None else known
     return [f"{panel.title}: {name}" for _, panels in rows for panel in panels
             for expr, _ in panel.targets for name in metrics_in(expr)
-            if metric_names.family(name, known) is None]
+            if metrics_table.family(name, known) is None]
 
 
 def _panel(panel: Panel, pid: int, x: int, y: int) -> dict:
