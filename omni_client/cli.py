@@ -18,7 +18,6 @@ arguments), 3 server or model unavailable, 1 any other failure; errors are one
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from omni_client.client import OmniClient
 from omni_client.errors import BadRequestError, OmniClientError, UnavailableError
 from omni_client.media import AUDIO_FORMATS, audio_format, write_audio
 from omni_client.types import AudioChunk, ChatResult, Event, ImageOutput, TextDelta
+from omni_serve import env
 
 DEFAULT_URL = "localhost:8001"
 EXIT_OK, EXIT_ERROR, EXIT_BAD_REQUEST, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omni-client", description="Call omni pipelines served by Triton (chat, images, speech).",
         epilog="Exit status: 0 ok, 2 bad request, 3 server or model unavailable, 1 other errors.")
-    parser.add_argument("--url", default=os.environ.get("OMNI_URL") or DEFAULT_URL,
+    parser.add_argument("--url", default=env.URL.get() or DEFAULT_URL,
                         help=f"Triton gRPC endpoint host:port (default: $OMNI_URL or {DEFAULT_URL})")
     parser.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
                         help="seconds to wait for each response (default: 60)")

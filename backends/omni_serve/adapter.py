@@ -12,10 +12,9 @@ does with its model: unload it under explicit model control, nothing elsewhere.
 from __future__ import annotations
 
 import json
-import os
 import threading
 
-from omni_serve import server_args, stubs
+from omni_serve import env, server_args, stubs
 from omni_serve.contract import StageContract
 from omni_serve.triton_log import log_to_triton
 from omni_serve.tritonio import ResponseSender, apply_stage_env, auto_complete, pb
@@ -45,7 +44,7 @@ class StageModel:
                     f"{self.model_name}: {backend} needs model_transaction_policy "
                     "{ decoupled: true }")
             self.sender = ResponseSender(
-                self.model_name, cancel_poll_s=float(os.environ.get("OMNI_CANCEL_POLL_S", "0.1")))
+                self.model_name, cancel_poll_s=float(env.CANCEL_POLL_S.get()))
 
     def take_out_of_service(self, why: str) -> None:
         """The model's engine died (`why`, naming the stage): its requests already fail

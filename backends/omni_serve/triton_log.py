@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from omni_serve import env
 from omni_serve.tritonio import pb
 
 
@@ -35,7 +36,7 @@ class TritonLogHandler(logging.Handler):
             print(record.getMessage(), file=sys.stderr)
 
 
-LOG_LEVEL_ENV = "OMNI_LOG_LEVEL"  # DEBUG: also the debug lines (shown with --log-verbose=1)
+LOG_LEVEL_ENV = env.LOG_LEVEL.name  # DEBUG: also the debug lines (shown with --log-verbose=1)
 
 
 def log_to_triton(*names: str) -> None:

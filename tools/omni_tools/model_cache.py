@@ -33,6 +33,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from omni_serve import env as omni_env
+
 logger = logging.getLogger(__name__)
 
 MARKER_FILE = ".omni-tiny-model.json"
@@ -42,7 +44,7 @@ Builder = Callable[[Path], None]
 
 def cache_dir() -> Path:
     """The model cache: $OMNI_MODEL_CACHE, else ~/.cache/omni-triton/models."""
-    env = os.environ.get("OMNI_MODEL_CACHE")
+    env = os.environ.get(omni_env.MODEL_CACHE.name)
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "omni-triton" / "models"

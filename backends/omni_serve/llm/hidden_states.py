@@ -38,9 +38,11 @@ import time
 
 import numpy as np
 
+from omni_serve import env
+
 log = logging.getLogger("vllm.omni_hidden_states")
 
-ENV_DIR = "OMNI_HIDDEN_STATES_DIR"
+ENV_DIR = env.HIDDEN_STATES_DIR.name
 EXTRA_ARG = "omni_hidden_states"  # SamplingParams.extra_args key: the capture file's token
 EXTENSION = "omni_serve.llm.hidden_states.HiddenStatesExtension"
 RPC = "omni_capture_hidden_states"

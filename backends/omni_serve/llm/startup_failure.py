@@ -25,7 +25,9 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-ENV = "OMNI_VLLM_STARTUP_FAILURE_FILE"
+from omni_serve import env
+
+ENV = env.VLLM_STARTUP_FAILURE_FILE.name
 
 
 class EngineStartError(RuntimeError):

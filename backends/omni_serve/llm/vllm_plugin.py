@@ -36,12 +36,14 @@ import logging
 import os
 import time
 
+from omni_serve import env
+
 # a child of "vllm": vLLM configures that logger in its engine-core and worker processes
 log = logging.getLogger("vllm.omni_spin_sleep")
 
-ENV = "OMNI_VLLM_SPIN_SLEEP_US"
+ENV = env.VLLM_SPIN_SLEEP_US.name
 CPU_DEFAULT_US = 50.0
-MAX_ENV = "OMNI_VLLM_SPIN_SLEEP_MAX_US"
+MAX_ENV = env.VLLM_SPIN_SLEEP_MAX_US.name
 CPU_DEFAULT_MAX_US = 1000.0
 
 

@@ -18,7 +18,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-ENV = "OMNI_LLM_WARMUP"  # "0" skips the warm-up (a faster start while developing)
+from omni_serve import env
+
+ENV = env.LLM_WARMUP.name  # "0" skips the warm-up (a faster start while developing)
 DECODE_TOKENS = 4
 SHORT_PROMPT = 16
 

@@ -10,6 +10,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from omni_serve import env
+
 QWEN_OMNI_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
     "perceiving auditory and visual inputs, as well as generating text and speech.")
@@ -138,18 +140,12 @@ class RemoteStage(BaseModel):
     shared_memory: SharedMemory = "auto"
     shared_memory_min_bytes: int = Field(default=SHM_MIN_BYTES_DEFAULT, ge=1)
 
-    @property
-    def env_prefix(self) -> str:
-        return f"OMNI_SERVER_{self.server.upper().replace('-', '_')}"
-
     def shared_memory_mode(self) -> SharedMemory:
         """`shared_memory`, or OMNI_SERVER_<SERVER>_SHM when set."""
-        import os
-
-        env = f"{self.env_prefix}_SHM"
-        value = (os.environ.get(env) or self.shared_memory).strip().lower()
+        name = env.SERVER_SHM.named(name=self.server)
+        value = (env.SERVER_SHM.get(name=self.server) or self.shared_memory).strip().lower()
         if value not in ("auto", "system", "none"):
-            raise ValueError(f"{env}={value!r}: use auto, system or none")
+            raise ValueError(f"{name}={value!r}: use auto, system or none")
         return value  # type: ignore[return-value]
 
 
@@ -279,15 +275,13 @@ class OrchestratorConfig(BaseModel):
 
     def remote_url(self, model: str) -> str | None:
         """Where `model` is served when it is not on this server (env override first)."""
-        import os
-
         stage = self.remote.get(model)
         if stage is None:
             return None
-        env = f"OMNI_SERVER_{stage.server.upper().replace('-', '_')}_URL"
-        url = os.environ.get(env) or stage.url
+        url = env.SERVER_URL.get(name=stage.server) or stage.url
         if not url:
-            raise ValueError(f"stage {model} is on server {stage.server}: set {env} or its grpc_url")
+            raise ValueError(f"stage {model} is on server {stage.server}: set "
+                             f"{env.SERVER_URL.named(name=stage.server)} or its grpc_url")
         return url
 
     @property

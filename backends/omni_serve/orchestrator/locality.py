@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from omni_serve import env
 from omni_serve.orchestrator.config import SHM_MIN_BYTES_DEFAULT
 from omni_serve.server_args import known_args, server_argv
 
@@ -22,8 +22,8 @@ def local_grpc_url(parent_pid: int | None = None) -> str:
 
     `OMNI_TRITON_GRPC_URL` overrides it. Raises ValueError when gRPC is off.
     """
-    if os.environ.get("OMNI_TRITON_GRPC_URL"):
-        return os.environ["OMNI_TRITON_GRPC_URL"]
+    if url := env.TRITON_GRPC_URL.get():
+        return url
     return grpc_url_from_args(server_argv(parent_pid))
 
 

@@ -22,10 +22,12 @@ from typing import Literal
 import numpy as np
 import psutil
 
+from omni_serve import env
+
 Metric = Literal["rss", "anon"]
 STUB = "triton_python_backend_stub"
 SHM = "/dev/shm/"
-CAPTURE_DIR_ENV = "OMNI_HIDDEN_STATES_DIR"  # omni_serve.llm.hidden_states.ENV_DIR
+CAPTURE_DIR_ENV = env.HIDDEN_STATES_DIR.name
 
 
 @dataclass

@@ -1,0 +1,130 @@
+"""Every `OMNI_*` environment variable the project reads, declared once.
+
+Plain data, importable anywhere (the Triton stubs, the engine processes, the
+client SDK, the tools): no Triton, vLLM or torch. Code reads a variable
+through its `EnvVar` here (`LOG_LEVEL.get()`), never by a literal name;
+docs/environment.md's table is `markdown_table()` (tests/unit/test_env.py
+checks both).
+
+    python -m omni_serve.env    # prints the table of docs/environment.md
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable: its name (`<NAME>` where a spec's name goes), default, meaning, reader."""
+
+    name: str
+    default: str | None
+    meaning: str
+    read_by: str
+
+    def get(self, environ: Mapping[str, str] | None = None, **names: str) -> str | None:
+        """The value set in `environ` (default os.environ), else the default.
+
+        A templated name takes its placeholders as keywords: `SERVER_URL.get(name="engine")`."""
+        environ = os.environ if environ is None else environ
+        return environ.get(self.named(**names)) or self.default
+
+    def named(self, **names: str) -> str:
+        """The concrete name: `OMNI_SERVER_<NAME>_URL` with name="engine" -> OMNI_SERVER_ENGINE_URL."""
+        name = self.name
+        for key, value in names.items():
+            name = name.replace(f"<{key.upper()}>", value.upper().replace("-", "_"))
+        if "<" in name:
+            raise ValueError(f"{self.name}: give a value for each <PLACEHOLDER>")
+        return name
+
+
+# --- Triton stubs (every stage) ---------------------------------------------------------
+LOG_LEVEL = EnvVar(
+    "OMNI_LOG_LEVEL", "INFO",
+    "Level of the `omni_serve` logs sent to Triton's log; `DEBUG` adds the debug lines "
+    "(shown with `--log-verbose=1`)", "every stage (omni_serve.triton_log)")
+CANCEL_POLL_S = EnvVar(
+    "OMNI_CANCEL_POLL_S", "0.1",
+    "Seconds between a decoupled stage's checks for cancelled requests",
+    "decoupled stages (omni_serve.adapter)")
+
+# --- vLLM-hosted stages (omni_llm, omni_talker) ------------------------------------------
+GIL_SWITCH_INTERVAL_S = EnvVar(
+    "OMNI_GIL_SWITCH_INTERVAL_S", "0.0005",
+    "`sys.setswitchinterval` of the stage's stub (how soon the engine loop's thread gets "
+    "the GIL back)", "omni_llm, omni_talker (omni_serve.engine_adapter)")
+LLM_WARMUP = EnvVar(
+    "OMNI_LLM_WARMUP", "1",
+    "`0` skips the warm-up request at load (a faster start while developing)",
+    "omni_llm, omni_talker (omni_serve.llm.warmup)")
+VLLM_SPIN_SLEEP_US = EnvVar(
+    "OMNI_VLLM_SPIN_SLEEP_US", None,
+    "Microseconds the vLLM engine processes sleep at the start of a wait between polls "
+    "(default 50 on CPU, 0 on GPU; 0 = vLLM's own spin)",
+    "vLLM engine processes (omni_serve.llm.vllm_plugin)")
+VLLM_SPIN_SLEEP_MAX_US = EnvVar(
+    "OMNI_VLLM_SPIN_SLEEP_MAX_US", None,
+    "Longest such sleep: each sleep of a wait doubles up to it (default 1000 on CPU, 0 on GPU)",
+    "vLLM engine processes (omni_serve.llm.vllm_plugin)")
+HIDDEN_STATES_DIR = EnvVar(
+    "OMNI_HIDDEN_STATES_DIR", None,
+    "Set by the stage, not by users: the /dev/shm folder its engine writes captured hidden "
+    "states to", "vLLM engine processes (omni_serve.llm.hidden_states), omni-soak")
+VLLM_STARTUP_FAILURE_FILE = EnvVar(
+    "OMNI_VLLM_STARTUP_FAILURE_FILE", None,
+    "Set by the stage, not by users: the file an engine process records why it failed to "
+    "start in", "vLLM engine processes (omni_serve.llm.startup_failure)")
+
+# --- orchestrator ------------------------------------------------------------------------
+TRITON_GRPC_URL = EnvVar(
+    "OMNI_TRITON_GRPC_URL", None,
+    "host:port of this server's own gRPC endpoint, when the command line does not say it",
+    "omni_orchestrator (omni_serve.orchestrator.locality)")
+SERVER_URL = EnvVar(
+    "OMNI_SERVER_<NAME>_URL", None,
+    "gRPC address of the spec's server `<NAME>` (upper case, `-` as `_`), overriding the spec",
+    "omni_orchestrator (omni_serve.orchestrator.config)")
+SERVER_SHM = EnvVar(
+    "OMNI_SERVER_<NAME>_SHM", None,
+    "`auto`, `system` or `none`: shared memory with the spec's server `<NAME>`, overriding "
+    "the spec", "omni_orchestrator (omni_serve.orchestrator.config)")
+
+# --- client and tools --------------------------------------------------------------------
+URL = EnvVar("OMNI_URL", "localhost:8001", "Triton gRPC endpoint of the `omni` CLI",
+             "omni CLI (omni_client.cli)")
+MODEL_CACHE = EnvVar(
+    "OMNI_MODEL_CACHE", "~/.cache/omni-triton/models",
+    "Where the tiny models of the embedded defaults are built",
+    "omni-gen-repo, the tests (omni_tools.model_cache)")
+VLLM_OMNI_SHIM = EnvVar(
+    "OMNI_VLLM_OMNI_SHIM", None,
+    "Set by the vLLM-Omni comparison benchmark: the folder of its CPU shim",
+    "tools/bench/vllm_omni_* (in vLLM-Omni's own virtualenv)")
+
+ALL: tuple[EnvVar, ...] = tuple(v for v in globals().values() if isinstance(v, EnvVar))
+
+
+def declared(name: str) -> bool:
+    """Whether `name` (concrete, `OMNI_SERVER_ENGINE_URL`, or a template) is declared here."""
+    for var in ALL:
+        head, _, tail = var.name.partition("<")
+        tail = tail.partition(">")[2]
+        if name == var.name or (tail and name.startswith(head) and name.endswith(tail)
+                                and len(name) > len(head) + len(tail)):
+            return True
+    return False
+
+
+def markdown_table() -> str:
+    """The table of docs/environment.md."""
+    rows = ["| Variable | Default | Meaning | Read by |", "|---|---|---|---|"]
+    rows += [f"| `{v.name}` | {f'`{v.default}`' if v.default else '-'} | {v.meaning} | "
+             f"{v.read_by} |" for v in ALL]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
