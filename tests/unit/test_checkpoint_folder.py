@@ -65,13 +65,15 @@ def test_the_decoder_context_comes_from_the_checkpoint_or_its_token2wav_folder(o
     assert gen_repo._decoder_context(tmp_path / "missing") == {}
 
 
-def test_a_folder_of_another_model_is_refused_naming_its_type(omni_dir, tmp_path, capsys):
+def test_a_folder_of_another_model_is_refused_naming_its_type_and_the_families(omni_dir, tmp_path,
+                                                                                capsys):
     folder = tmp_path / "qwen2"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     code, text = run(["--preset", "omni-chat", "--model", folder, "--check"], capsys)
     assert code == 2
-    assert "model_type is 'qwen2'; omni-chat serves a Qwen2.5-Omni checkpoint" in text
+    assert "model_type 'qwen2' is not a model family this server serves" in text
+    assert "supported: qwen2_5_omni (Qwen2.5-Omni: model_type qwen2_5_omni" in text
 
 
 @pytest.mark.parametrize("prefix, drop, message", [

@@ -11,6 +11,7 @@ import pytest
 
 from omni_serve.contract import AUDIO, DIT, ENCODER, LLM, OMNI, TALKER
 from omni_serve.errors import RequestError, StageFailedError
+from omni_serve.families.qwen2_5_omni import FAMILY
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.pipeline import (
     Final,
@@ -20,7 +21,6 @@ from omni_serve.orchestrator.pipeline import (
     TextDelta,
 )
 from omni_serve.orchestrator.request import parse_request
-from omni_serve.orchestrator.speech import THINKER_INPUTS
 from tests.unit.chat import tiny_chat_prompt
 
 SAMPLES_PER_CODE = 10
@@ -232,7 +232,7 @@ def test_text_only_never_calls_the_speech_stages():
     events = run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(), cfg)
     assert [m for m, _ in stages.calls] == ["llm"]
     # no rows kept for a talker: none of the speech flags, no file handed over
-    assert not set(THINKER_INPUTS) & set(stages.thinker_requests()[0])
+    assert not set(FAMILY.speech.thinker_inputs) & set(stages.thinker_requests()[0])
     assert stages.thinker_files == []
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "w0 w1 w2 w3 w4 "
     assert isinstance(events[-1], Final) and events[-1].finish_reason == "length"

@@ -13,6 +13,7 @@ import pytest
 
 from omni_serve.contract import LLM, OMNI, TALKER
 from omni_serve.errors import RequestError, StageFailedError
+from omni_serve.families.qwen2_5_omni import FAMILY
 from omni_serve.orchestrator.pipeline import (
     AudioChunk,
     CodecIds,
@@ -21,7 +22,7 @@ from omni_serve.orchestrator.pipeline import (
     TextDelta,
 )
 from omni_serve.orchestrator.request import parse_request
-from omni_serve.orchestrator.speech import THINKER_INPUTS, ThinkerRows
+from omni_serve.orchestrator.speech import ThinkerRows
 from tests.unit.chat import tiny_chat_prompt
 from tests.unit.test_orchestrator import (
     SAMPLES_PER_CODE,
@@ -31,6 +32,8 @@ from tests.unit.test_orchestrator import (
     mark,
     tensors,
 )
+
+THINKER_INPUTS = FAMILY.speech.thinker_inputs
 
 TALKER_CODES = 23
 # config(): first chunk 3 codes, then 5; left context 2 aligned to 2, right context 2.
@@ -219,7 +222,7 @@ def test_a_failing_talker_fails_the_request_naming_it_and_stops_the_thinker():
 
 def test_thinker_rows_are_ready_with_the_file_the_prompt_and_two_reply_tokens():
     async def main():
-        rows = ThinkerRows()
+        rows = ThinkerRows(FAMILY.speech)
         rows.update({LLM.HIDDEN_STATES_FILE: np.array([b"/dev/shm/x"], dtype=np.object_),
                      LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)})
         assert rows.file == "/dev/shm/x" and not rows.ready.is_set()

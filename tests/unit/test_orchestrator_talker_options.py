@@ -11,7 +11,8 @@ import pytest
 
 from omni_serve.contract import OMNI, OMNI_CONTRACT
 from omni_serve.errors import RequestError
-from omni_serve.orchestrator.config import OPENAI_VOICE_MAP, OrchestratorConfig
+from omni_serve.families.qwen2_5_omni import OPENAI_VOICE_MAP
+from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.pipeline import AudioChunk, CodecIds, Final, TextDelta
 from omni_serve.orchestrator.request import parse_request
 

@@ -1,9 +1,10 @@
-"""A Qwen2.5-Omni checkpoint folder as the hub ships it, checked and put into a preset.
+"""An omni checkpoint folder as the hub ships it, checked and put into a preset.
 
 Runs in the `omni-gen-repo` process (`--model DIR`). What flows through it:
-the folder's config.json, weight index and file names (no tensor is read),
-and the preset's spec data, whose stages that read the preset's checkpoint
-are pointed at the folder.
+the folder's config.json (its model family, omni_serve.families, says what
+each stage role reads of the folder), weight index and file names (no
+tensor is read), and the preset's spec data, whose stages that read the
+preset's checkpoint are pointed at the folder.
 """
 from __future__ import annotations
 
@@ -11,17 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-OMNI_MODEL_TYPE = "qwen2_5_omni"
-# what each stage role reads of the folder: (tensor prefix, files)
-PARTS = {
-    "thinker": ("thinker.model.", ("tokenizer_config.json",)),
-    "image_encoder": ("thinker.visual.", ("preprocessor_config.json",)),
-    "audio_encoder": ("thinker.audio_tower.", ("preprocessor_config.json",)),
-    "talker": ("talker.model.", ("spk_dict.pt",)),
-    "audio_decoder": ("token2wav.", ("spk_dict.pt",)),
-}
+from omni_serve import families
+
 # Speech needs both: a preset keeps them together or leaves both out.
 SPEECH_ROLES = ("talker", "audio_decoder")
+# the stage roles that read a part of the checkpoint folder, in the order problems name them
+PARTS_ORDER = ("thinker", "image_encoder", "audio_encoder", "talker", "audio_decoder")
 
 
 def tensor_names(folder: Path) -> set[str]:
@@ -44,15 +40,16 @@ def problems(folder: Path, roles: list[str]) -> list[str]:
     if not config_path.is_file():
         return [f"{folder}: no config.json (not a checkpoint folder)"]
     config = json.loads(config_path.read_text())
-    if config.get("model_type") != OMNI_MODEL_TYPE:
-        return [f"{folder}: model_type is {config.get('model_type')!r}; omni-chat serves a "
-                f"Qwen2.5-Omni checkpoint ({OMNI_MODEL_TYPE!r}, e.g. Qwen/Qwen2.5-Omni-7B)"]
+    try:
+        family = families.for_config(config)
+    except ValueError as e:
+        return [f"{folder}: {e}"]
     found = []
     names = tensor_names(folder)
     if not names:
         return [f"{folder}: no safetensors weights"]
     for role in roles:
-        prefix, files = PARTS[role]
+        prefix, files = family.parts[role]
         if not any(name.startswith(prefix) for name in names):
             found.append(f"{folder}: no {prefix}* weights, which the {role} stage needs")
         found.extend(f"{folder}: no {name}, which the {role} stage needs"
@@ -99,7 +96,7 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
         for role, target in list(engine_roles.items()):
             if target in dropped:
                 del engine_roles[role]
-    used = [role for role in PARTS
+    used = [role for role in PARTS_ORDER
             if role == "thinker" or roles.get(role) in stages]
     return data, problems(folder, used)
 

@@ -33,6 +33,7 @@ from google.protobuf import json_format, text_format
 from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2
 
+from omni_serve import families
 from omni_serve.contract import (
     CONTRACTS,
     ENGINE_ARGS_FILE,
@@ -198,6 +199,11 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
         # the thinker's chat template renders its prompts; task "speech" also
         # tokenizes the text to read with its tokenizer
         engine["tokenizer"] = models[thinker]
+    if "family" not in engine and isinstance(thinker, str) and thinker in models:
+        # the checkpoint's model family; one the registry does not know keeps the default
+        family = _family_of(Path(models[thinker]))
+        if family is not None:
+            engine["family"] = family
     decoder = (engine.get("stages") or {}).get("audio_decoder")
     if decoder and decoder in models:
         for key, value in _decoder_context(Path(models[decoder])).items():
@@ -207,6 +213,14 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
         if speakers is not None:
             engine["speakers"] = speakers
     return engine
+
+
+def _family_of(folder: Path) -> str | None:
+    """The model family of the checkpoint in `folder` (omni_serve.families), if it has one."""
+    try:
+        return families.for_config(json.loads((folder / "config.json").read_text())).name
+    except (OSError, ValueError):
+        return None
 
 
 def _checkpoint_speakers(spec: PipelineSpec, name: str, engine: dict,

@@ -12,17 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from omni_serve import env
 
-QWEN_OMNI_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
-    "perceiving auditory and visual inputs, as well as generating text and speech.")
-
-
-# OpenAI's voices (what OpenAI apps send as `audio.voice`) onto Qwen2.5-Omni's two
-# speakers, by how they sound: the female-sounding ones to Chelsie, the others to Ethan.
-OPENAI_VOICE_MAP: dict[str, str] = {
-    **dict.fromkeys(("alloy", "coral", "nova", "sage", "shimmer"), "Chelsie"),
-    **dict.fromkeys(("ash", "ballad", "echo", "fable", "onyx", "verse"), "Ethan"),
-}
+DEFAULT_FAMILY = "qwen2_5_omni"
 
 
 # The orchestrator's roles and the backend each must name (the stage's kind of work).
@@ -164,9 +154,8 @@ class OrchestratorConfig(BaseModel):
     }
 
     stages: StageRoles
-    # Not a setting (REMOVED_SETTINGS refuses the key): what orchestrator/speech.py reads
-    # until its stage-by-stage branch goes (omni_tools.bench.stage_by_stage has it now).
-    mode: ClassVar[str] = "pipelined"
+    # The checkpoints' model family (omni_serve.families; omni-gen-repo writes it from the
+    # thinker's config.json): its speech feed, and the defaults below that say "family's".
     # Stages are called over Triton gRPC: this server's own endpoint (read from
     # its command line) unless `triton_url` names another.
     triton_url: str | None = None
@@ -176,8 +165,9 @@ class OrchestratorConfig(BaseModel):
     # it): its chat template renders the thinker's prompts (orchestrator/prompt.py),
     # and task "speech" turns the text to read into token ids with it.
     tokenizer: str | None = None
-    # Qwen2.5-Omni's own (its model card): the talker speaks only with this one
-    system_prompt: str = QWEN_OMNI_SYSTEM_PROMPT
+    family: str = DEFAULT_FAMILY
+    # The family's own (its model card's; Qwen2.5-Omni's talker speaks only with it)
+    system_prompt: str = ""
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
     # Speech: the talker's codes go to the audio decoder in chunks of
@@ -198,10 +188,10 @@ class OrchestratorConfig(BaseModel):
     # audio checkpoint's spk_dict.pt or speakers.json); None: not known here, a
     # request's speaker goes to the stages as it is. `voice_map` maps other
     # names onto speakers (matched case-insensitively; speaker names match
-    # exactly and come first): by default OpenAI's voices, so OpenAI apps that
-    # always send one get a voice of this checkpoint.
+    # exactly and come first): by default the family's map of OpenAI's voices,
+    # so OpenAI apps that always send one get a voice of this checkpoint.
     speakers: list[str] | None = None
-    voice_map: dict[str, str] = Field(default_factory=lambda: dict(OPENAI_VOICE_MAP))
+    voice_map: dict[str, str] = Field(default_factory=dict)
     # Pipelined mode: decoder chunks in flight per request (Triton batches
     # them); audio still goes out in order.
     parallel_chunks: int = Field(default=4, ge=1)
@@ -232,11 +222,27 @@ class OrchestratorConfig(BaseModel):
                 raise ValueError("; ".join(gone))
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, data: Any) -> Any:
+        """system_prompt and voice_map default to the family's."""
+        if not isinstance(data, Mapping):
+            return data
+        from omni_serve import families
+
+        family = families.get(data.get("family", DEFAULT_FAMILY))  # ValueError names the known
+        data = dict(data)
+        data.setdefault("system_prompt", family.system_prompt or "")
+        data.setdefault("voice_map", dict(family.voice_map))
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> OrchestratorConfig:
         speech = (self.stages.talker, self.stages.audio_decoder)
         if any(speech) and not all(speech):
             raise ValueError("stages.talker and stages.audio_decoder go together (speech needs both)")
+        if any(speech) and self.speech is None:
+            raise ValueError(f"stages.talker: model family {self.family!r} has no speech output")
         self._check_voices()
         return self
 
@@ -259,6 +265,13 @@ class OrchestratorConfig(BaseModel):
                 raise ValueError(f"voice_map: {alias!r} -> {speaker!r}, which is not a speaker of "
                                  f"the checkpoint ({', '.join(self.speakers)}); map it to one of "
                                  "those, or set voice_map to {} to send names as they are")
+
+    @property
+    def speech(self):
+        """The family's SpeechFeed (None: a family with text out only)."""
+        from omni_serve import families
+
+        return families.get(self.family).speech
 
     def voice(self, name: str) -> str | None:
         """The speaker `name` stands for: itself if a known speaker, else its voice_map alias.

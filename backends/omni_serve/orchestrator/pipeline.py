@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omni_serve import families
 from omni_serve.contract import DIT, ENCODER, LLM
 from omni_serve.errors import StageFailedError, is_overloaded
 from omni_serve.orchestrator.config import OrchestratorConfig
@@ -47,13 +48,7 @@ from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the
 from omni_serve.orchestrator.prompt import ChatPrompt, Media
 from omni_serve.orchestrator.request import OmniRequest
 from omni_serve.orchestrator.routing import EngineRouter
-from omni_serve.orchestrator.speech import (
-    THINKER_INPUTS,
-    THINKER_OUTPUTS,
-    Speech,
-    ThinkerRows,
-    remove_unread_file,
-)
+from omni_serve.orchestrator.speech import Speech, ThinkerRows, remove_unread_file
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +105,9 @@ class OmniPipeline:
     def __init__(self, cfg: OrchestratorConfig, client: StageClient, prompt: ChatPrompt):
         self.cfg = cfg
         self.client = client
+        # the model family's speech feed: what the thinker returns for the talker, and how
+        # the talker and the decoder are called (omni_serve.families)
+        self.speech = families.get(cfg.family).speech
         # the thinker's chat template and tokenizer
         self.prompt = prompt
         # which thinker engine serves a request (session affinity, else least busy)
@@ -154,7 +152,7 @@ class OmniPipeline:
     async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
         """Run one request, emitting events; raises on failure (the caller reports it)."""
         t = Timings()
-        rows = ThinkerRows() if req.wants_audio else None
+        rows = ThinkerRows(self.speech) if req.wants_audio else None
         media: dict[str, np.ndarray] = {}
         prompt = reply_ids = None
         if req.task == "speech":
@@ -243,7 +241,7 @@ class OmniPipeline:
         else:
             inputs[LLM.TEXT_INPUT] = _bytes_tensor(prompt)
         if rows is not None:
-            inputs.update(THINKER_INPUTS)
+            inputs.update(self.speech.thinker_inputs)
         inputs.update(media)
         text: list[str] = []
         finish = ""
@@ -285,7 +283,7 @@ class OmniPipeline:
         yet); once it has answered, its failures end the request.
         """
         outputs = [LLM.TEXT_OUTPUT, LLM.FINISH_REASON, LLM.NUM_INPUT_TOKENS,
-                   LLM.NUM_OUTPUT_TOKENS, *THINKER_OUTPUTS]
+                   LLM.NUM_OUTPUT_TOKENS, *(self.speech.thinker_outputs if self.speech else ())]
         tried: list[str] = []
         while True:
             with self.thinkers.route(req.session_id, exclude=tried) as engine:

@@ -1,52 +1,50 @@
 """Speech for one omni request: the talker, then the audio decoder (orchestrator's event loop).
 
-Flow (pipelined mode):
+Flow, with the model family's SpeechFeed (omni_serve.families) saying what
+each call carries:
 
-    thinker (hidden states kept in a /dev/shm file, `ThinkerRows`)
-       |  once the reply has 2 tokens: one talker request naming that file
+    thinker (its responses gathered in `ThinkerRows`)
+       |  once the feed says the talker can start: one talker request
        v
-    talker (Qwen2.5-Omni's own, on vLLM; reads each reply row as the thinker
-            writes it) --> codec ids, streamed  [--> CodecIds events]
-       |  every `chunk_codes` codes: a chunk with the DiT's context
+    talker (the family's own, on vLLM) --> codec codes, [frames, groups],
+       |  streamed                         [--> CodecIds events]
+       |  every `chunk_codes` frames: a chunk with the decoder's context
        v
-    audio decoder (Token2Wav, one call per chunk, `parallel_chunks` at once)
+    audio decoder (one call per chunk, `parallel_chunks` at once)
        --> PCM chunks to the client, in order
 
 With `stream_audio` false the whole utterance goes to the decoder in one
-call when the talker is done (exactly what transformers decodes). In
-sequential mode (tools/bench_omni.py's baseline) the talker starts when the
-thinker has finished and the decoder when the talker has.
+call when the talker is done (exactly what transformers decodes).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from omni_serve import families
 from omni_serve.audio.request import chunk_plan
 from omni_serve.contract import AUDIO, LLM, TALKER
+from omni_serve.families import DecoderChunk, SpeechFeed, ThinkerReply
 from omni_serve.llm.hidden_states import remove_handed_over
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import AudioChunk, CodecIds, Event, Timings
 from omni_serve.orchestrator.request import OmniRequest
 
 
-@dataclass
-class ThinkerRows:
-    """Where the thinker's rows are: filled from its responses, read by the talker request."""
+class ThinkerRows(ThinkerReply):
+    """What the thinker sent so far, filled from its responses, read by the talker's feed."""
 
-    file: str | None = None
-    prompt_ids: list[int] | None = None
-    reply_tokens: int = 0
-    ready: asyncio.Event = field(default_factory=asyncio.Event)  # the talker can start
-    done: asyncio.Event = field(default_factory=asyncio.Event)  # the thinker has finished
+    def __init__(self, feed: SpeechFeed):
+        super().__init__()
+        self.feed = feed
+        self.ready = asyncio.Event()  # the talker can start
+        self.done = asyncio.Event()  # the thinker has finished
 
     def update(self, out: dict[str, np.ndarray]) -> None:
         if self.file is None:
@@ -54,11 +52,13 @@ class ThinkerRows:
         ids = out.get(LLM.INPUT_TOKEN_IDS)
         if ids is not None and self.prompt_ids is None:
             self.prompt_ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        new = out.get(LLM.TOKEN_IDS)
+        if new is not None:
+            self.reply_ids.extend(int(i) for i in np.asarray(new).reshape(-1))
         count = out.get(LLM.NUM_OUTPUT_TOKENS)
         if count is not None:
             self.reply_tokens = int(np.asarray(count).reshape(-1)[0])
-        # the talker's prefill needs reply token 0 fed back: a reply of 2 tokens
-        if self.file and self.prompt_ids is not None and self.reply_tokens >= 2:
+        if self.feed.talker_ready(self):
             self.ready.set()
 
     def finish(self) -> None:
@@ -87,15 +87,6 @@ def _file_of(out: dict[str, np.ndarray]) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-# the thinker inputs that keep its rows for the talker
-THINKER_INPUTS = {
-    LLM.RETURN_HIDDEN_STATES: np.array([True]),
-    LLM.HIDDEN_STATES_IN_SHM: np.array([True]),
-    LLM.RETURN_INPUT_TOKEN_IDS: np.array([True]),
-}
-THINKER_OUTPUTS = (LLM.HIDDEN_STATES_FILE, LLM.HIDDEN_STATES_ROWS, LLM.INPUT_TOKEN_IDS)
-
-
 class StageCalls(Protocol):
     """The pipeline's stage calls (errors already name the stage)."""
 
@@ -105,23 +96,13 @@ class StageCalls(Protocol):
                     timings: Timings) -> dict[str, np.ndarray]: ...
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """One decoder request: `codes` = left context + the codes voiced + right context."""
-
-    codes: list[int]
-    context: int
-    lookahead: int
-    offset: int  # stream position of codes[0]
-    end: int  # stream position after the last code voiced
-
-
 class Speech:
     """Talker + decoder for one request; `run` emits its audio (and codec ids) in order."""
 
     def __init__(self, cfg: OrchestratorConfig, calls: StageCalls, req: OmniRequest,
                  media: dict[str, np.ndarray], emit: Callable[[Event], None], t: Timings):
         self.cfg, self.calls, self.req, self.media, self.emit, self.t = cfg, calls, req, media, emit, t
+        self.feed = families.get(cfg.family).speech
         self.seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
 
     async def run(self, rows: ThinkerRows) -> None:
@@ -132,17 +113,13 @@ class Speech:
             for wait in waits:
                 wait.cancel()
         if not rows.ready.is_set():
-            return  # a reply of fewer than 2 tokens: nothing the talker can voice
-        if self.cfg.mode == "sequential":
-            await rows.done.wait()
+            return  # the reply ended before the talker could start: nothing to voice
         self.t.audio_start = self.t.audio_start or time.perf_counter()
-        if self.cfg.mode == "sequential" or not self.req.stream_audio:
-            codes = [c async for c in self._codes(rows)]
-            if self.cfg.mode == "sequential" and self.req.stream_audio:
-                for chunk in self._plan(codes, 0, final=True):
-                    self._emit_audio(await self._decode(chunk))
-            elif codes:
-                self._emit_audio(await self._decode(Chunk(codes, 0, 0, 0, len(codes))))
+        if not self.req.stream_audio:
+            frames = [f async for f in self._frames(rows)]
+            if frames:
+                self._emit_audio(await self._decode(
+                    DecoderChunk(np.stack(frames), 0, 0, 0, len(frames))))
             return
         await self._pipelined(rows)
 
@@ -150,19 +127,19 @@ class Speech:
         decoders = asyncio.Semaphore(self.cfg.parallel_chunks)
         pending: asyncio.Queue = asyncio.Queue()  # decode tasks in stream order, then None
 
-        async def decode(chunk: Chunk) -> AudioChunk:
+        async def decode(chunk: DecoderChunk) -> AudioChunk:
             try:
                 return await self._decode(chunk)
             finally:
                 decoders.release()
 
         async def talk(tg: asyncio.TaskGroup) -> None:
-            codes: list[int] = []
+            codes: list[np.ndarray] = []  # one [groups] frame each
             done = 0
             try:
-                async with contextlib.aclosing(self._codes(rows)) as stream:
-                    async for code in stream:
-                        codes.append(code)
+                async with contextlib.aclosing(self._frames(rows)) as stream:
+                    async for frame in stream:
+                        codes.append(frame)
                         for chunk in self._plan(codes, done, final=False):
                             done = chunk.end
                             await decoders.acquire()
@@ -178,58 +155,44 @@ class Speech:
             while (task := await pending.get()) is not None:
                 self._emit_audio(await task)
 
-    async def _codes(self, rows: ThinkerRows) -> AsyncIterator[int]:
-        """The talker's codec ids as they come (CodecIds events go out with them)."""
+    async def _frames(self, rows: ThinkerRows) -> AsyncIterator[np.ndarray]:
+        """The talker's frames ([groups] codes each) as they come; CodecIds events go out
+        with them."""
         req = self.req
         sampling: dict[str, Any] = {**self.cfg.talker_sampling, **req.talker_sampling}
         sampling["seed"] = self.seed % 2**63
-        inputs = {
-            TALKER.THINKER_HIDDEN_STATES_FILE: np.array([rows.file.encode()], dtype=np.object_),
-            TALKER.PROMPT_TOKEN_IDS: np.array(rows.prompt_ids, dtype=np.int64),
-            TALKER.SAMPLING_PARAMETERS: np.array([json.dumps(sampling).encode()], dtype=np.object_),
-        }
-        for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS):
-            if name in self.media:
-                inputs[name] = self.media[name]
-        if req.speaker:
-            inputs[TALKER.SPEAKER] = np.array([req.speaker.encode()], dtype=np.object_)
+        inputs = self.feed.talker_inputs(rows, self.media, req.speaker, sampling)
+        groups = self.feed.codec_groups
         async with contextlib.aclosing(self.calls.stream(
                 "talker", inputs, [TALKER.CODEC_IDS], f"{req.request_id}-talker", self.t)) as outs:
             async for out in outs:
                 frames = out.get(TALKER.CODEC_IDS)
                 if frames is None:
                     continue
-                # [frames, groups]; one group (Qwen2.5-Omni): one code a frame
-                new = [int(i) for i in np.asarray(frames).reshape(-1)]
-                if new and req.return_codec_ids:
-                    self.emit(CodecIds(new))
-                for code in new:
-                    yield code
+                frames = np.asarray(frames, dtype=np.int64).reshape(-1, groups)
+                if len(frames) and req.return_codec_ids:
+                    self.emit(CodecIds([int(c) for c in frames.reshape(-1)]))
+                for frame in frames:
+                    yield frame
 
-    def _plan(self, codes: list[int], done: int, *, final: bool) -> list[Chunk]:
-        """The decoder chunks that `codes` allow now, past the first `done` codes."""
+    def _plan(self, frames: list[np.ndarray], done: int, *, final: bool) -> list[DecoderChunk]:
+        """The decoder chunks that `frames` allow now, past the first `done` frames."""
         cfg = self.cfg
         chunks = []
         while True:
             size = cfg.first_chunk_codes if done == 0 else cfg.chunk_codes
-            spans = chunk_plan(len(codes), done, size, cfg.left_context_codes, final,
+            spans = chunk_plan(len(frames), done, size, cfg.left_context_codes, final,
                                right_context=cfg.right_context_codes, align=cfg.align_codes)
             if not spans:
                 return chunks
             span = spans[0]  # the size changes after the first chunk: plan again
             first = span.first
-            chunks.append(Chunk(codes[first:span.last], span.context, span.lookahead, first,
-                                span.end))
+            chunks.append(DecoderChunk(np.stack(frames[first:span.last]), span.context,
+                                       span.lookahead, first, span.end))
             done = span.end
 
-    async def _decode(self, chunk: Chunk) -> AudioChunk:
-        inputs = {AUDIO.CODEC_TOKENS: np.array([chunk.codes], dtype=np.int64),
-                  AUDIO.CONTEXT_TOKENS: np.array([[chunk.context]], dtype=np.int32),
-                  AUDIO.LOOKAHEAD_TOKENS: np.array([[chunk.lookahead]], dtype=np.int32),
-                  AUDIO.CODE_OFFSET: np.array([[chunk.offset]], dtype=np.int64),
-                  AUDIO.SEED: np.array([[self.seed % 2**63]], dtype=np.int64)}
-        if self.req.speaker:
-            inputs[AUDIO.SPEAKER] = np.array([[self.req.speaker.encode()]], dtype=np.object_)
+    async def _decode(self, chunk: DecoderChunk) -> AudioChunk:
+        inputs = self.feed.decoder_inputs(chunk, self.seed % 2**63, self.req.speaker)
         out = await self.calls.infer("audio_decoder", inputs,
                                      [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], self.t)
         rate = int(np.asarray(out[AUDIO.SAMPLE_RATE]).reshape(-1)[0])

@@ -294,7 +294,7 @@ def _spec(model: str, work: Path) -> Any:
 def _run_model(model: str, args: argparse.Namespace, work: Path, batch_ok: bool
                ) -> dict[str, Any]:
     from omni_client import OmniClient
-    from omni_serve.orchestrator.config import QWEN_OMNI_SYSTEM_PROMPT
+    from omni_serve.families.qwen2_5_omni import SYSTEM_PROMPT
     from omni_tools import gen_repo
     from omni_tools.server import TritonServer
 
@@ -309,7 +309,7 @@ def _run_model(model: str, args: argparse.Namespace, work: Path, batch_ok: bool
     with TritonServer(repo, log_path=work / "tritonserver.log") as server, \
             OmniClient(server.grpc_url, timeout=600, model=ENTRY) as client:
         ready_s = time.perf_counter() - t0
-        tf = TransformersSide(folder, QWEN_OMNI_SYSTEM_PROMPT)
+        tf = TransformersSide(folder, SYSTEM_PROMPT)
         speaker = "Chelsie" if "Chelsie" in tf.speakers else tf.speakers[0]
         kwargs = transformers_kwargs(args.max_tokens, args.talker_tokens, speaker, tf.stop_ids)
         t1 = time.perf_counter()  # warm-up: the same shapes, both sides, batched too

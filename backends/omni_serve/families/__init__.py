@@ -1,0 +1,155 @@
+"""Model families: what differs between omni model families, behind one seam (any process).
+
+A family (Qwen2.5-Omni today, Qwen3-Omni next) is one folder here that
+registers a `Family`: which checkpoints it serves (their config.json
+`model_type`), what each stage role reads of the checkpoint folder, its
+default system prompt, and its `SpeechFeed`: how the orchestrator feeds the
+family's talker and audio decoder. The generator picks the family from the
+checkpoint (`for_config`) and writes its name into the orchestrator's
+engine.json; the orchestrator asks `get(name)`. Nothing outside this package
+branches on a family; adding one adds a folder and a line in `_BUILTIN`.
+
+What flows through a SpeechFeed (orchestrator's event loop): the thinker's
+streamed responses gathered in a `ThinkerReply`, the talker's codes as
+`[frames, groups]` arrays, and decoder chunks of frames with their context.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+# the families this package ships, by import path (each registers itself)
+_BUILTIN = ("omni_serve.families.qwen2_5_omni",)
+
+
+@dataclass
+class ThinkerReply:
+    """What the thinker's responses told so far, for the talker (filled by the orchestrator).
+
+    `file`: where the thinker keeps its rows (hidden_states_in_shm), `prompt_ids`:
+    its prompt as its engine saw it, `reply_ids`: the reply's token ids so far.
+    """
+
+    file: str | None = None
+    prompt_ids: list[int] | None = None
+    reply_ids: list[int] = field(default_factory=list)
+    reply_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class DecoderChunk:
+    """One audio decoder request: `frames` [n, groups] = left context + voiced + right context."""
+
+    frames: np.ndarray
+    context: int  # leading frames that are context only
+    lookahead: int  # trailing frames that are right context only
+    offset: int  # stream position of frames[0]
+    end: int  # stream position after the last frame voiced
+
+
+class SpeechFeed(Protocol):
+    """How the orchestrator drives a family's talker and audio decoder."""
+
+    codec_groups: int  # codes per frame
+    thinker_inputs: Mapping[str, np.ndarray]  # what the thinker must return for the talker
+    thinker_outputs: tuple[str, ...]  # the thinker outputs the talker's feed reads
+
+    def talker_ready(self, reply: ThinkerReply) -> bool:
+        """Whether the talker can start on what the thinker has sent so far."""
+        ...
+
+    def talker_inputs(self, reply: ThinkerReply, media: Mapping[str, np.ndarray],
+                      speaker: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The talker request's input tensors."""
+        ...
+
+    def decoder_inputs(self, chunk: DecoderChunk, seed: int,
+                       speaker: str | None) -> dict[str, np.ndarray]:
+        """One audio decoder request's input tensors."""
+        ...
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the registry key, written into the orchestrator's engine.json
+    title: str  # what users call it, e.g. "Qwen2.5-Omni"
+    model_types: tuple[str, ...]  # config.json model_type of its checkpoints
+    # what each stage role reads of the checkpoint folder: (tensor prefix, files)
+    parts: Mapping[str, tuple[str, tuple[str, ...]]]
+    speech_roles: tuple[str, ...]  # roles that go together: all or none
+    system_prompt: str | None = None  # the family's default (its model card's)
+    # other voice names (OpenAI's) onto the family's speakers, the orchestrator's default
+    voice_map: Mapping[str, str] = field(default_factory=dict)
+    speech: SpeechFeed | None = None
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add `family` to the registry (a second family with the same name or model type is an error)."""
+    _load_builtin()
+    return _add(family)
+
+
+def _add(family: Family) -> Family:
+    if family.name in _FAMILIES and _FAMILIES[family.name] is not family:
+        raise ValueError(f"a model family named {family.name!r} is already registered")
+    taken = {t: f.name for f in _FAMILIES.values() if f is not family for t in f.model_types}
+    clash = [t for t in family.model_types if t in taken]
+    if clash:
+        raise ValueError(f"model_type {clash[0]!r} is already served by family {taken[clash[0]]!r}")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    """Remove a family (tests register made-up ones)."""
+    _FAMILIES.pop(name, None)
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for path in _BUILTIN:
+            _add(importlib.import_module(path).FAMILY)
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(_FAMILIES)
+
+
+def supported() -> str:
+    """`qwen2_5_omni (Qwen2.5-Omni: model_type qwen2_5_omni, ...)`, for error messages."""
+    _load_builtin()
+    return "; ".join(f"{f.name} ({f.title}: model_type {', '.join(f.model_types)})"
+                     for f in sorted(_FAMILIES.values(), key=lambda f: f.name))
+
+
+def get(name: str) -> Family:
+    _load_builtin()
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; supported: {supported()}") from None
+
+
+def for_config(config: Mapping[str, Any]) -> Family:
+    """The family of a checkpoint's config.json (its model_type, or its thinker's)."""
+    _load_builtin()
+    model_type = config.get("model_type")
+    thinker = config.get("thinker_config") or {}
+    for family in _FAMILIES.values():
+        if model_type in family.model_types or thinker.get("model_type") in family.model_types:
+            return family
+    raise ValueError(f"model_type {model_type!r} is not a model family this server serves; "
+                     f"supported: {supported()}")

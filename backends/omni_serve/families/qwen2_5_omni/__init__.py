@@ -1,0 +1,42 @@
+"""Qwen2.5-Omni (Qwen/Qwen2.5-Omni-3B, -7B): the family's checkpoint layout, defaults and speech feed.
+
+Imported by omni_serve.families (any process). The stage-side parts of this
+family still live with their stage kinds and are registered by path:
+vLLM's thinker with the image-rows fix (llm/omni_thinker.py), the talker's
+prompt, per-step feed and vLLM model (talker/prompt.py, engine.py,
+model.py), the vision tower and features (encoder/runner.py), Token2Wav
+(audio/runner.py); tools/omni_tools/tiny_omni.py builds the tiny checkpoint.
+"""
+from __future__ import annotations
+
+from omni_serve.families import Family
+from omni_serve.families.qwen2_5_omni.speech import Qwen25OmniSpeech
+
+# Qwen2.5-Omni's own (its model card): the talker speaks only with this one
+SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+    "perceiving auditory and visual inputs, as well as generating text and speech.")
+
+# OpenAI's voices (what OpenAI apps send as `audio.voice`) onto the two speakers of its
+# spk_dict.pt, by how they sound: the female-sounding ones to Chelsie, the others to Ethan.
+OPENAI_VOICE_MAP: dict[str, str] = {
+    **dict.fromkeys(("alloy", "coral", "nova", "sage", "shimmer"), "Chelsie"),
+    **dict.fromkeys(("ash", "ballad", "echo", "fable", "onyx", "verse"), "Ethan"),
+}
+
+FAMILY = Family(
+    name="qwen2_5_omni",
+    title="Qwen2.5-Omni",
+    model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),
+    parts={
+        "thinker": ("thinker.model.", ("tokenizer_config.json",)),
+        "image_encoder": ("thinker.visual.", ("preprocessor_config.json",)),
+        "audio_encoder": ("thinker.audio_tower.", ("preprocessor_config.json",)),
+        "talker": ("talker.model.", ("spk_dict.pt",)),
+        "audio_decoder": ("token2wav.", ("spk_dict.pt",)),
+    },
+    speech_roles=("talker", "audio_decoder"),
+    system_prompt=SYSTEM_PROMPT,
+    voice_map=OPENAI_VOICE_MAP,
+    speech=Qwen25OmniSpeech(),
+)
