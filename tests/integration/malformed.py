@@ -655,7 +655,7 @@ def _media_values(r: Recipe, media: Request) -> dict[str, AttackStrategy]:
 
 TALKER_MAX_TOKENS = 8
 TALKER_GREEDY = {"max_tokens": TALKER_MAX_TOKENS, "temperature": 0}
-# omni_serve.talker.engine's pattern of a thinker's capture file
+# omni_serve.families.qwen2_5_omni.talker_engine's pattern of a thinker's capture file
 _CAPTURE_FILE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
 
 

@@ -231,7 +231,7 @@ def load_vllm_model(engine_args: dict, tensors: dict[str, torch.Tensor]) -> tupl
 
 
 def thinker_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.Module, LoadTrace]:
-    from omni_serve.llm.omni_thinker import OmniThinker
+    from omni_serve.families.qwen2_5_omni.thinker import OmniThinker
 
     model, trace = load_vllm_model({"model": str(omni.folder), "skip_tokenizer_init": True}, omni.tensors)
     assert type(model) is OmniThinker, f"vLLM built {type(model).__name__} for {omni.raw['architectures']}"
@@ -239,8 +239,8 @@ def thinker_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn
 
 
 def talker_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.Module, LoadTrace]:
-    from omni_serve.talker import prompt as talker
-    from omni_serve.talker.model import OmniTalker
+    from omni_serve.families.qwen2_5_omni import talker_prompt as talker
+    from omni_serve.families.qwen2_5_omni.talker_model import OmniTalker
 
     model, trace = load_vllm_model(talker.engine_args({"model": str(omni.folder)}), omni.tensors)
     assert type(model) is OmniTalker

@@ -1,4 +1,4 @@
-"""The talker engine's per-step feed (omni_serve.talker.engine), without vLLM.
+"""The talker engine's per-step feed (omni_serve.families.qwen2_5_omni.talker_engine), without vLLM.
 
 What each decode step adds (the thinker's reply rows, then text eos, then
 text pad), its 3D positions, and when the scheduler may run a request.
@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
+from omni_serve.families.qwen2_5_omni import talker_engine as te
 from omni_serve.llm.hidden_states import write_final_rows
-from omni_serve.talker import engine as te
 
 HALF = 4  # embedding width; a row is [embedding | hidden]
 TAIL = np.stack([np.full(HALF, 100.0), np.full(HALF, 200.0)]).astype(np.float32)  # eos, pad

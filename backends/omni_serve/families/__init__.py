@@ -82,6 +82,11 @@ class Family:
     parts: Mapping[str, tuple[str, tuple[str, ...]]]
     speech_roles: tuple[str, ...]  # roles that go together: all or none
     system_prompt: str | None = None  # the family's default (its model card's)
+    # stage-side classes, by import path ("module:Class"; loaded only where they run):
+    # checkpoint architecture -> the vLLM model class (llm/vllm_models.py registers them)
+    vllm_models: Mapping[str, str] = field(default_factory=dict)
+    # the talker stage's family side (talker/stage.py: TalkerSide)
+    talker: str | None = None
     # other voice names (OpenAI's) onto the family's speakers, the orchestrator's default
     voice_map: Mapping[str, str] = field(default_factory=dict)
     speech: SpeechFeed | None = None
@@ -141,6 +146,30 @@ def get(name: str) -> Family:
         return _FAMILIES[name]
     except KeyError:
         raise ValueError(f"unknown model family {name!r}; supported: {supported()}") from None
+
+
+def all_families() -> list[Family]:
+    _load_builtin()
+    return [_FAMILIES[name] for name in sorted(_FAMILIES)]
+
+
+def load(path: str) -> Any:
+    """The object at "module:attribute"."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def for_checkpoint(folder: str) -> Family:
+    """The family of the checkpoint in `folder` (its config.json)."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read ({e})") from e
+    return for_config(config)
 
 
 def for_config(config: Mapping[str, Any]) -> Family:

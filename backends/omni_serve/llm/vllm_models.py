@@ -1,22 +1,23 @@
-"""A vLLM general plugin: the model classes this package puts in vLLM's registry.
+"""A vLLM general plugin: the model families' classes in vLLM's registry.
 
 Loaded by vLLM in every process it starts (pyproject.toml registers `register`
-under `vllm.general_plugins`); the classes are named by import path, so
-nothing is imported until vLLM builds that model in its worker.
+under `vllm.general_plugins`). Each family (omni_serve.families) names its
+classes by import path (`Family.vllm_models`: checkpoint architecture ->
+"module:Class"), so nothing is imported until vLLM builds that model.
 """
 from __future__ import annotations
 
-# checkpoint architecture -> the class vLLM builds for it
-MODELS = {
-    "Qwen2_5OmniModel": "omni_serve.llm.omni_thinker:OmniThinker",
-    "Qwen2_5OmniForConditionalGeneration": "omni_serve.llm.omni_thinker:OmniThinker",
-    # a talker stage's engine (talker/prompt.py sets it through hf_overrides)
-    "OmniTalkerForConditionalGeneration": "omni_serve.talker.model:OmniTalker",
-}
+
+def models() -> dict[str, str]:
+    """Checkpoint architecture -> the class vLLM builds for it, over every family."""
+    from omni_serve import families
+
+    return {arch: path for family in families.all_families()
+            for arch, path in family.vllm_models.items()}
 
 
 def register() -> None:
     from vllm import ModelRegistry
 
-    for arch, path in MODELS.items():
+    for arch, path in models().items():
         ModelRegistry.register_model(arch, path)

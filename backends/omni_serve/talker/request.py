@@ -16,7 +16,17 @@ from omni_serve.errors import RequestError
 from omni_serve.fields import scalar, text
 from omni_serve.llm import sampling
 from omni_serve.llm.request import counts, token_ids
-from omni_serve.talker.prompt import TalkerInput
+
+
+@dataclass(frozen=True)
+class TalkerInput:
+    """What one talker request carries for the family's talker side (its contract inputs)."""
+
+    source: str  # the thinker's handed-over hidden-state file
+    prompt_token_ids: tuple[int, ...]
+    speaker: str | None = None
+    image_grid_thw: np.ndarray | None = None
+    audio_feature_lengths: np.ndarray | None = None
 
 
 @dataclass

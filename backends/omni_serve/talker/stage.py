@@ -1,31 +1,48 @@
-"""The talker stage (omni_talker): a thinker's handed-over rows in, codec codes out.
+"""The talker stage (omni_talker): what a thinker handed over in, codec codes out.
 
 Runs in the omni_talker model's Triton stub process, on the engine loop of its
 EngineHost (llm/engine_host.py: the vLLM AsyncLLM, aborts, overload, a dead
-engine, metrics), which calls `serve` once per request. Here: the talker's
-prompt built from the thinker's rows as they arrive (talker/prompt.py), the
-per-step feed handed to the engine (talker/engine.py), and the sampled codes
-streamed back as [frames, groups] (one group for Qwen2.5-Omni), cut at the
-talker's stop code as transformers cuts them.
+engine, metrics), which calls `serve` once per request. The checkpoint's model
+family (omni_serve.families, from its config.json) gives the talker's side
+(`TalkerSide`, e.g. families/qwen2_5_omni/talker_prompt.py): the engine
+arguments, the prompt built from what the thinker hands over and the
+engine feed that goes with it, sampling defaults and stop codes. Here: one
+request through it, and the sampled codes streamed back as
+[frames, codec_groups], cut at the talker's stop code as transformers cuts them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from omni_serve import families
 from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
 from omni_serve.llm import sampling
 from omni_serve.llm.engine_host import EngineHost
 from omni_serve.llm.metrics import Sink, StageMetrics
-from omni_serve.talker import engine as talker_engine
-from omni_serve.talker import prompt
-from omni_serve.talker.request import TalkerOutput, TalkerRequest, aborted_output
+from omni_serve.talker.request import TalkerInput, TalkerOutput, TalkerRequest, aborted_output
 
-# How long a talker request waits for the thinker's first reply rows.
+# How long a talker request waits for what the thinker hands over.
 WAIT_S = 120.0
-GROUPS = 1  # Qwen2.5-Omni: one codebook, one code per step
+
+
+class TalkerSide(Protocol):
+    """A model family's talker, as the stage drives it (built once the engine runs)."""
+
+    codec_groups: int
+    vocab_size: int
+    stop_ids: list[int]
+    reserved_extra_args: tuple[str, ...]  # SamplingParams.extra_args keys `prompt` sets
+
+    def sampling(self, requested: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
+        """The request's sampling fields over the family's defaults."""
+        ...
+
+    async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
+        """(the vLLM prompt, SamplingParams.extra_args for the engine's feed)."""
+        ...
 
 
 class TalkerStage:
@@ -34,38 +51,42 @@ class TalkerStage:
     def __init__(self, engine_args: dict[str, Any], *, metrics: StageMetrics | None = None,
                  name: str = "talker"):
         self.name = name
-        self.host = EngineHost(prompt.engine_args(engine_args), serve=self.serve,
-                               aborted=aborted_output, name=name, metrics=metrics,
+        family = families.for_checkpoint(engine_args["model"])
+        if family.talker is None:
+            raise ValueError(f"stage {name}: model family {family.name!r} has no talker")
+        self.side_class = families.load(family.talker)
+        self.host = EngineHost(self.side_class.engine_args(engine_args), serve=self.serve,
+                               aborted=lambda: aborted_output(self.side_class.codec_groups),
+                               name=name, metrics=metrics,
                                prompt_field=TALKER.PROMPT_TOKEN_IDS)
-        self.prompter: prompt.TalkerPrompter | None = None  # once the engine runs
+        self.side: TalkerSide | None = None  # once the engine runs
 
     def start(self, warm_up: bool = True) -> None:
-        self.host.start(self._started, warm_up=warm_up,
-                        vocab=lambda: self.prompter.config.vocab_size)
+        self.host.start(self._started, warm_up=warm_up, vocab=lambda: self.side.vocab_size)
 
     async def _started(self) -> None:
-        reasons = [r for r in await self.host.engine.collective_rpc(talker_engine.RPC) if r]
+        reasons = await self.side_class.check(self.host.engine)
         if reasons:
             raise RuntimeError(f"[{self.name}] the talker cannot run: {'; '.join(reasons)}")
-        self.prompter = prompt.TalkerPrompter(self.host.engine_args["model"], self.name)
+        self.side = self.side_class(self.host.engine_args["model"], self.name)
 
     async def serve(self, req: TalkerRequest, sink: Sink, arrival: float) -> None:
-        params = sampling.build(self.prompter.sampling(req.sampling, self.host.max_model_len),
-                                stream=True)
-        if params.extra_args and talker_engine.EXTRA_ARG in params.extra_args:
-            raise RequestError(f"{sampling.FIELD}.extra_args.{talker_engine.EXTRA_ARG}",
-                               "is set by the stage")
-        engine_prompt, feed = await self.prompter.prompt(req.feed, timeout_s=WAIT_S)
-        params.extra_args = {**(params.extra_args or {}), talker_engine.EXTRA_ARG: feed}
+        side = self.side
+        params = sampling.build(side.sampling(req.sampling, self.host.max_model_len), stream=True)
+        for own in side.reserved_extra_args:
+            if params.extra_args and own in params.extra_args:
+                raise RequestError(f"{sampling.FIELD}.extra_args.{own}", "is set by the stage")
+        engine_prompt, extra = await side.prompt(req.feed, timeout_s=WAIT_S)
+        params.extra_args = {**(params.extra_args or {}), **extra}
         engine_input = await self.host.render_prompt(engine_prompt)
         if self.host.aborted(req.request_id):  # aborted while its prompt was built
-            sink.send(aborted_output())
+            sink.send(aborted_output(side.codec_groups))
             return
         async for out, _, _ in self.host.generate(engine_input, params, req.request_id,
                                                   arrival, stream=True):
             comp = out.outputs[0]
             ids = list(comp.token_ids)
-            if comp.finish_reason == "stop" and ids and ids[-1] in self.prompter.stop_ids:
+            if comp.finish_reason == "stop" and ids and ids[-1] in side.stop_ids:
                 ids = ids[:-1]  # as transformers cuts the codes at the talker's eos
-            sink.send(TalkerOutput(np.asarray(ids, dtype=np.int64).reshape(-1, GROUPS),
+            sink.send(TalkerOutput(np.asarray(ids, dtype=np.int64).reshape(-1, side.codec_groups),
                                    comp.finish_reason, out.finished))

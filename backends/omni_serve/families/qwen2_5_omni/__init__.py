@@ -1,11 +1,14 @@
-"""Qwen2.5-Omni (Qwen/Qwen2.5-Omni-3B, -7B): the family's checkpoint layout, defaults and speech feed.
+"""Qwen2.5-Omni (Qwen/Qwen2.5-Omni-3B, -7B): the family's checkpoint layout, defaults and feeds.
 
-Imported by omni_serve.families (any process). The stage-side parts of this
-family still live with their stage kinds and are registered by path:
-vLLM's thinker with the image-rows fix (llm/omni_thinker.py), the talker's
-prompt, per-step feed and vLLM model (talker/prompt.py, engine.py,
-model.py), the vision tower and features (encoder/runner.py), Token2Wav
-(audio/runner.py); tools/omni_tools/tiny_omni.py builds the tiny checkpoint.
+Imported by omni_serve.families (any process); the stage-side modules are named
+by path and loaded only in the process that runs them:
+- thinker.py: vLLM's Qwen2.5-Omni thinker with the image-rows fix (vLLM worker);
+- talker_model.py, talker_engine.py: the talker as a vLLM model and its
+  per-step feed (vLLM engine core / worker);
+- talker_prompt.py: the talker stage's side (prompt, sampling, stops);
+- speech.py: the orchestrator's side (talker and Token2Wav requests).
+Still with their stage kinds: the vision tower and features (encoder/runner.py),
+Token2Wav (audio/runner.py); tools/omni_tools/tiny_omni.py builds the tiny checkpoint.
 """
 from __future__ import annotations
 
@@ -39,4 +42,11 @@ FAMILY = Family(
     system_prompt=SYSTEM_PROMPT,
     voice_map=OPENAI_VOICE_MAP,
     speech=Qwen25OmniSpeech(),
+    vllm_models={
+        "Qwen2_5OmniModel": f"{__name__}.thinker:OmniThinker",
+        "Qwen2_5OmniForConditionalGeneration": f"{__name__}.thinker:OmniThinker",
+        # the talker stage's engine (talker_prompt.engine_args sets it through hf_overrides)
+        "OmniTalkerForConditionalGeneration": f"{__name__}.talker_model:OmniTalker",
+    },
+    talker=f"{__name__}.talker_prompt:TalkerPrompter",
 )

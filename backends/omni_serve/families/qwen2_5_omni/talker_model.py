@@ -2,7 +2,7 @@
 
 `Qwen2_5OmniTalkerForConditionalGeneration` of a real checkpoint, loaded from
 the whole checkpoint folder (`talker.*` weights; the talker stage points vLLM
-at the folder with this class as its architecture, see talker/prompt.py):
+at the folder with this class as its architecture, see families/qwen2_5_omni/talker_prompt.py):
 
     x = thinker_to_talker_proj(inputs_embeds + extra)      # embedding_size -> hidden
     h = Qwen2 decoder (M-RoPE, the talker's own sections) on x
@@ -14,7 +14,7 @@ embedding of the last sampled code at decode positions. `extra` is what vLLM
 has no input for: at decode position q the thinker's reply vector for that
 step (its hidden state + input embedding of reply token q - prompt_len + 1,
 then the text-eos embedding, then the text-pad embedding for ever). The
-worker extension in talker/engine.py puts it in `self.omni_extra` (and
+worker extension in families/qwen2_5_omni/talker_engine.py puts it in `self.omni_extra` (and
 the right 3D positions in the `positions` argument) before each forward.
 
 Attention takes `head_dim` from the talker config, as transformers does: the

@@ -22,7 +22,7 @@ text-eos embedding, any later one the text-pad embedding (transformers'
 `thinker_reply_part`).
 
 What a request carries (`SamplingParams.extra_args[EXTRA_ARG]`, set by the
-talker stage, talker/prompt.py): file, width, prompt_len, positions (3 lists,
+talker stage, families/qwen2_5_omni/talker_prompt.py): file, width, prompt_len, positions (3 lists,
 the prompt's M-RoPE positions) and delta (decode position q has q + delta).
 """
 from __future__ import annotations
@@ -39,8 +39,8 @@ from omni_serve.llm.hidden_states import ended_rows, read_rows, rows_in
 log = logging.getLogger("vllm.omni_talker")
 
 EXTRA_ARG = "omni_talker"
-SCHEDULER = "omni_serve.talker.engine.TalkerScheduler"
-EXTENSION = "omni_serve.talker.engine.TalkerExtension"
+SCHEDULER = "omni_serve.families.qwen2_5_omni.talker_engine.TalkerScheduler"
+EXTENSION = "omni_serve.families.qwen2_5_omni.talker_engine.TalkerExtension"
 RPC = "omni_install_talker_feed"
 IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
 # only capture files of a hidden-states directory (hidden_states.make_directory)

@@ -1,6 +1,6 @@
 """Qwen2.5-Omni's talker prompt and engine arguments (runs in the omni_talker stub process).
 
-An omni_talker stage serves the checkpoint's own talker (talker/model.py)
+An omni_talker stage serves the checkpoint's own talker (families/qwen2_5_omni/talker_model.py)
 from the whole Qwen2.5-Omni folder. One talker request names the thinker's hidden-state file
 (`thinker_hidden_states_file`, written by the thinker stage with
 `hidden_states_in_shm`, same host), the thinker's prompt as the engine saw it
@@ -16,7 +16,7 @@ positions (`image_grid_thw`, `audio_feature_lengths`) and the `speaker`.
     row  L+1      reply token 0's embedding + hidden state + codec bos
 
 with the talker's M-RoPE positions from the model's own `get_rope_index`, and
-the decode steps' inputs described in talker/engine.py. Sampling defaults
+the decode steps' inputs described in families/qwen2_5_omni/talker_engine.py. Sampling defaults
 are the checkpoint's (`generate`'s talker_* defaults): stops on codec pad or
 end, never samples codec bos.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,9 @@ import numpy as np
 
 from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
+from omni_serve.families.qwen2_5_omni import talker_engine
 from omni_serve.llm import hidden_states
-from omni_serve.talker import engine as talker_engine
+from omni_serve.talker.request import TalkerInput
 
 ARCHITECTURE = "OmniTalkerForConditionalGeneration"  # registered by llm/vllm_models.py
 SPEAKERS_FILE = "spk_dict.pt"
@@ -72,17 +72,6 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
     }
-
-
-@dataclass(frozen=True)
-class TalkerInput:
-    """What one talker request carries (parsed in llm/request.py)."""
-
-    source: str  # the thinker's hidden-state file
-    prompt_token_ids: tuple[int, ...]
-    speaker: str | None = None
-    image_grid_thw: np.ndarray | None = None
-    audio_feature_lengths: np.ndarray | None = None
 
 
 def _weights_file(folder: Path, name: str) -> Path:
@@ -126,7 +115,17 @@ class _RopeIndex:
 
 
 class TalkerPrompter:
-    """Builds talker prompts from the thinker's rows; one per talker stage."""
+    """The talker stage's Qwen2.5-Omni side (talker/stage.py's TalkerSide): builds talker
+    prompts from the thinker's rows; one per talker stage."""
+
+    codec_groups = 1  # one codebook: one code a step
+    reserved_extra_args = (talker_engine.EXTRA_ARG,)  # what `prompt` puts in extra_args
+    engine_args = staticmethod(engine_args)
+
+    @staticmethod
+    async def check(engine) -> list[str]:
+        """Why the started engine cannot run this talker (its workers' feed install)."""
+        return [r for r in await engine.collective_rpc(talker_engine.RPC) if r]
 
     def __init__(self, folder: str | Path, stage: str = "talker"):
         import torch
@@ -157,6 +156,7 @@ class TalkerPrompter:
         self.stop_ids = [pad, talker.tts_codec_end_token_id]
         self.allowed_ids = [i for i in range(talker.vocab_size) if i != bos]
         self.width = 2 * talker.embedding_size
+        self.vocab_size = talker.vocab_size
         self._rope = _RopeIndex(talker)
 
     def sampling(self, requested: dict[str, Any], max_model_len: int | None) -> dict[str, Any]:
@@ -176,7 +176,7 @@ class TalkerPrompter:
         return name
 
     async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
-        """(vLLM EmbedsPrompt, the engine feed for SamplingParams.extra_args)."""
+        """(vLLM EmbedsPrompt, what goes into SamplingParams.extra_args: the engine feed)."""
         import torch
 
         speaker = self.speaker(req.speaker)
@@ -205,7 +205,7 @@ class TalkerPrompter:
         }
         feed = {"file": req.source, "width": self.width, "prompt_len": n + 2,
                 "positions": positions.tolist(), "delta": delta}
-        return prompt, feed
+        return prompt, {talker_engine.EXTRA_ARG: feed}
 
     async def _wait_rows(self, path: str, rows: int, timeout_s: float) -> np.ndarray:
         """Rows [0, rows) of the thinker's file once written (polled until the deadline)."""
