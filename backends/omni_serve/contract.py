@@ -54,8 +54,8 @@ class LLM:
              RETURN_HIDDEN_STATES, HIDDEN_STATES_IN_SHM, RETURN_INPUT_TOKEN_IDS)
     # Request parameter of a control request: abort the live request whose
     # Triton request id is its value: a gRPC cancel racing a request's
-    # completion can abort Triton 2.51 (upstream #7368) and BLS callers cannot
-    # cancel a child stream there, so the orchestrator asks the stage directly.
+    # completion can abort Triton 2.51 (upstream #7368), so the orchestrator
+    # asks the stage directly.
     ABORT_PARAMETER = "omni_abort"
 
 

@@ -13,7 +13,7 @@ on (EEVDF scheduler) a process spinning in `sched_yield()` starves other
 processes' timer wake-ups: while one request was generating, a client's
 `time.sleep(0.5)` returned after the whole 4 s reply, so streamed responses
 arrived in one burst at the end and a client's cancel went out after the
-engine had finished (measured with tools/bench_spin.py; see
+engine had finished (measured with `omni-bench spin`; see
 docs/benchmarks-notes.md). Sleeping a few microseconds instead of yielding keeps
 the hand-over fast (the sleep ends within ~0.1 ms) and lets the kernel run
 everyone else.
@@ -26,7 +26,7 @@ step's schedule) is still seen within ~0.1 ms, while a reader waiting out a
 step's compute wakes a few times instead of every 0.1 ms: with a fixed
 50 us, four such readers (two engines) starved other processes on a busy
 2-core host, a 100 ms sleep lasting up to 3 s and streamed responses stalling
-0.6-1.8 s under four speech requests (tools/bench_cold.py). Defaults on the
+0.6-1.8 s under four speech requests (`omni-bench cold-start`). Defaults on the
 CPU platform: 50 and 1000; elsewhere vLLM's spin.
 """
 from __future__ import annotations
