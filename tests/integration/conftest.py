@@ -2,6 +2,12 @@
 
 One server per preset per test session (a vLLM engine takes ~20 s to
 start); free ports; always stopped, logs kept under the pytest tmp dir.
+Each runs under explicit model control with every model loaded at start
+(`--load-model=*` serves what Triton's default mode serves), so the tests
+that need model control share them instead of starting their own: a test
+that breaks a model loads it again before the next one runs
+(servers.restoring), a module that brings its own models loads them for
+its tests and unloads them after (servers.loaded).
 """
 from __future__ import annotations
 
@@ -14,10 +20,13 @@ from .servers import gen_repo, serving
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
+
+
 def _session_server(preset: str, tmp_path_factory):
     root = tmp_path_factory.mktemp(preset)
     # The user's path: the venv's console script, then the venv's tritonserver.
-    with serving(gen_repo(["--preset", preset], root / "repo"), root) as server:
+    with serving(gen_repo(["--preset", preset], root / "repo"), root, extra_args=EXPLICIT) as server:
         yield server
 
 

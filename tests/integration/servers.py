@@ -2,11 +2,14 @@
 
 One way to do it for every fixture: `omni-gen-repo` (the venv's console script, the
 user's path) writes the repository, `serving` starts a TritonServer on free ports and
-always stops it, printing where its log is.
+always stops it, printing where its log is. On the session's servers (explicit model
+control, conftest.py) a module borrows models with `loaded`, and a test that breaks a
+model leaves it serving again with `restoring`.
 """
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
+import tritonclient.grpc as grpcclient
 
 from omni_tools.server import TritonServer
 
@@ -59,3 +63,68 @@ def stub_of(server: TritonServer, model: str) -> psutil.Process:
                if p.status() != psutil.STATUS_ZOMBIE
                and f"/{model}/1/model.py" in " ".join(p.cmdline())]
     return stub
+
+
+def processes_of(server: TritonServer, model: str) -> list[psutil.Process]:
+    """The live stub(s) of `model` under `server` and everything they started."""
+    def live(procs: list[psutil.Process]) -> list[psutil.Process]:
+        alive = []
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except psutil.NoSuchProcess:  # ended meanwhile
+                pass
+        return alive
+
+    found = []
+    for proc in live(psutil.Process(server.proc.pid).children(recursive=True)):
+        try:
+            if f"/{model}/1/model.py" in " ".join(proc.cmdline()):
+                found += [proc, *live(proc.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@contextlib.contextmanager
+def loaded(server: TritonServer, repo: Path, models: Sequence[str],
+           timeout_s: float = 60.0) -> Iterator[TritonServer]:
+    """`models` of the generated `repo` copied into the repository of `server` (explicit
+    model control) and loaded in that order; on exit unloaded in the reverse order, their
+    processes ended and their folders removed, so the server is as it was."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    added: list[str] = []
+    try:
+        for model in models:
+            shutil.copytree(repo / model, server.repository / model)
+            added.append(model)
+            client.load_model(model)
+        yield server
+    finally:
+        for model in reversed(added):
+            procs = processes_of(server, model)
+            if client.is_model_ready(model):
+                client.unload_model(model)
+            left = outliving(procs, timeout_s)
+            shutil.rmtree(server.repository / model)
+            assert not left, f"{model} unloaded, its processes live on: {left}"
+        client.close()
+
+
+@contextlib.contextmanager
+def restoring(server: TritonServer, *models: str) -> Iterator[TritonServer]:
+    """For a test that breaks `models` on a shared server (explicit model control): on exit
+    each is loaded again unless it serves with a fresh stub or its processes untouched, so
+    the next test finds it as the session started it, whether this one passed or not."""
+    before = {model: {p.pid for p in processes_of(server, model)} for model in models}
+    try:
+        yield server
+    finally:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            for model in models:
+                now = {p.pid for p in processes_of(server, model)}
+                intact = now == before[model] or not now & before[model]
+                if not (intact and client.is_model_ready(model)):
+                    print(f"\nloading {model} again on the shared server")
+                    client.load_model(model)
