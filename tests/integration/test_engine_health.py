@@ -6,9 +6,11 @@ takes itself out of service and a model-control load brings it back; in Triton's
 mode (no flag, as the README starts it) it never asks to unload (on 2.51 that call could
 crash the stub) and answers UNAVAILABLE until the server stops, promptly.
 
-These tests start their own servers rather than share the session's: a killed engine
-spoils its server for every later test, and the model-control mode is fixed per server.
-The default-mode test runs first and stops its server before the explicit one starts.
+The explicit-mode tests run on the session's text-chat server (explicit model control)
+and leave `llm` serving again with a fresh engine (servers.restoring). The default-mode
+test starts a server of its own: the model-control mode is fixed per server, and in mode
+'none' nothing brings a killed engine back, so that server is spoilt for every later test;
+the test ends by stopping it, which it measures.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 from omni_serve.contract import ENGINE_ARGS_FILE, LLM_CONTRACT
 
 from .omni_io import error_code
-from .servers import gen_repo, outliving, serving, stub_of
+from .servers import gen_repo, outliving, restoring, serving, stub_of
 
 pytestmark = pytest.mark.integration
 
@@ -103,19 +105,27 @@ def _first_error(url: str, deadline_s: float) -> InferenceServerException | None
     return None
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("engine-health")
-    repo = gen_repo(["--preset", "text-chat"], root / "repo")
-    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=llm"]) as s:
-        yield s
+@pytest.fixture
+def server(text_chat_server):
+    """The session's text-chat server, `llm` serving again after the test."""
+    with restoring(text_chat_server, MODEL):
+        yield text_chat_server
 
 
-def test_a_bare_config_loads_completed_from_the_contract(server):
+@pytest.fixture
+def bare(server):
+    """A `bare_llm` model folder in the shared repository, removed after the test."""
+    folder = server.repository / "bare_llm"
+    (folder / "1").mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_bare_config_loads_completed_from_the_contract(server, bare):
     """config.pbtxt with only `backend: "omni_llm"` (as vllm_backend allows): inputs,
     outputs, decoupled policy and max_batch_size come from auto_complete_config."""
-    bare = server.repository / "bare_llm"
-    (bare / "1").mkdir(parents=True)
     (bare / "config.pbtxt").write_text('backend: "omni_llm"\n')
     shutil.copy(server.repository / MODEL / ENGINE_ARGS_FILE, bare / ENGINE_ARGS_FILE)
     before = {p.pid for p in _engine_cores(server)}

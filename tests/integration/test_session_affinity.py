@@ -1,7 +1,9 @@
 """Two thinker engines behind one orchestrator: session affinity, prefix-cache locality, failover.
 
-One tritonserver: `llm_a` and `llm_b` (the tiny thinker LM on vLLM, one core
-each) and an orchestrator whose thinker role is [llm_a, llm_b]. A multi-turn
+One tritonserver, the session's text-chat one (explicit model control), into
+which this module loads `llm_a` and `llm_b` (the tiny thinker LM on vLLM, one
+core each) and an orchestrator `omni` whose thinker role is [llm_a, llm_b],
+and from which it unloads them after its tests (servers.loaded). A multi-turn
 session (each turn carries the earlier turns in `history`) stays on the
 engine rendezvous hashing picks for its session id, and that engine's
 prefix-cache hit rate (omni_llm_prefix_cache_hits_total /
@@ -22,7 +24,7 @@ from omni_serve.orchestrator.routing import pick
 
 from .llm_io import metric
 from .omni_io import OmniStream, error_code, omni_inputs, run_omni
-from .servers import gen_repo, serving
+from .servers import gen_repo, loaded
 
 pytestmark = pytest.mark.integration
 
@@ -69,12 +71,12 @@ def _spec() -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(text_chat_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("session-affinity")
     (root / "spec.yaml").write_text(yaml.safe_dump(_spec(), sort_keys=False))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
     # explicit model control: the last test unloads an engine and loads it again
-    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as s:
+    with loaded(text_chat_server, repo, [*ENGINES, "omni"]) as s:
         yield s
 
 

@@ -6,6 +6,9 @@ the requests such a stub held and keeps the model ready; the orchestrator reads 
 stub registry (omni_serve.stubs), fails them UNAVAILABLE naming the stage, unloads
 the model (readiness says so) and serves everything else; a model-control load brings
 it back without a server restart.
+
+It runs on the session's omni-chat server and leaves the talker serving again
+(servers.restoring), whether it passes or not.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from .omni_io import OmniStream, error_code, omni_inputs, run_omni
-from .servers import gen_repo, outliving, serving, stub_of
+from .servers import outliving, restoring, stub_of
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +31,11 @@ SPEECH = {"modalities": ["text", "audio"], "seed": 3, "return_codec_ids": True,
 TEXT = {"modalities": ["text"], "sampling": {"max_tokens": 8, "temperature": 0}}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stub-death")
-    repo = gen_repo(["--preset", "omni-chat"], root / "repo")
-    with serving(repo, root, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as s:
-        yield s
+@pytest.fixture
+def server(omni_chat_server):
+    """The session's omni-chat server, the talker serving again after the test."""
+    with restoring(omni_chat_server, VICTIM):
+        yield omni_chat_server
 
 
 def _image(url: str) -> bytes:
