@@ -7,6 +7,11 @@ Real tritonserver with a spec of two bounded stages:
   dynamic-batcher queue policy, written into config.pbtxt, rejects the rest.
 Each is flooded with concurrent requests; every admitted one completes whole, and a
 request after the flood is served.
+
+Its own server, in Triton's default model-control mode as the README starts one (the
+session servers run under explicit model control): neither bounded stage is a model a
+session server has (the text-chat server's `llm`, unbounded, has the same name), so
+sharing one would save only a bare server's start, not a model load.
 """
 from __future__ import annotations
 

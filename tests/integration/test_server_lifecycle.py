@@ -1,4 +1,7 @@
-"""A killed tritonserver leaves no stub or vLLM engine process behind."""
+"""A killed tritonserver leaves no stub or vLLM engine process behind.
+
+Its own server: the test SIGKILLs it.
+"""
 from __future__ import annotations
 
 import os

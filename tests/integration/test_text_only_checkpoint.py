@@ -3,6 +3,10 @@
 The folder is the tiny default minus `talker.*`, `token2wav.*` and
 `spk_dict.pt` (what a thinker-only export ships); `omni-gen-repo --preset
 omni-chat --model DIR` leaves the talker and the audio decoder out.
+
+Its own server: the repository is the omni-chat preset's, model for model and name for
+name (`omni`, `llm`, the encoders, `text_to_image`), on other weights, and those names
+are taken on the session's omni-chat server.
 """
 from __future__ import annotations
 

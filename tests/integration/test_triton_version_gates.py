@@ -5,6 +5,10 @@ against the real server: its model_config.proto lacks exactly the fields the
 table gates (read from the descriptor compiled into libtritonserver), and a
 config.pbtxt with such a field fails to load while the same model without it
 loads. One bare server in explicit model-control mode: a second or two.
+
+Its own server rather than a session one: a bare server (no vLLM engine) starts in
+about as long as loading these models would take anywhere, and its refused loads and
+the log lines read for their reason stay apart from the models other tests serve.
 """
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""A disaggregated omni pipeline: the thinker on one tritonserver, the rest on another."""
+"""A disaggregated omni pipeline: the thinker on one tritonserver, the rest on another.
+
+Its own two servers: what it tests is the hop between two tritonservers (shared memory
+registered with the engine server, the front's reconnect once the engine server is
+SIGKILLed and started again), which one shared server cannot show.
+"""
 from __future__ import annotations
 
 import json
