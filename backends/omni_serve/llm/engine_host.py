@@ -62,6 +62,12 @@ class EngineHost:
 
     def __init__(self, engine_args: dict[str, Any], *, serve: Serve, aborted: Callable[[], Any],
                  name: str, metrics: StageMetrics | None = None, prompt_field: str = "text_input"):
+        # vLLM's request errors, imported here, not by the first request on the engine
+        # loop (the import takes seconds on a cold process)
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self._vllm_errors = (VLLMClientError, EngineDeadError)
         self.name = name
         self.serve = serve
         self.aborted_output = aborted  # the final output of a request stopped before it ran
@@ -272,9 +278,7 @@ class EngineHost:
         return self.dead
 
     async def _serve(self, request: Request, sink: Sink, arrival: float) -> None:
-        from vllm.exceptions import VLLMClientError
-        from vllm.v1.engine.exceptions import EngineDeadError
-
+        VLLMClientError, EngineDeadError = self._vllm_errors
         try:
             await self.serve(request, sink, arrival)
         except RequestError as e:
