@@ -42,8 +42,7 @@ class FourWaySpeech:
                 "right": np.array([chunk.lookahead]), "at": np.array([chunk.offset])}
 
 
-FOURWAY = Family(name="fourway", title="Four-Way Omni", model_types=("fourway_omni",),
-                 parts={}, speech_roles=("talker", "audio_decoder"),
+FOURWAY = Family(name="fourway", title="Four-Way Omni", model_types=("fourway_omni",), parts={},
                  system_prompt="You speak in four voices at once.", speech=FourWaySpeech())
 
 
@@ -105,7 +104,7 @@ def test_the_checkpoints_model_type_picks_the_family_and_unknown_ones_name_the_s
         families.for_config({"model_type": "llama"})
     with pytest.raises(ValueError, match="already served by family 'fourway'"):
         families.register(Family(name="other", title="x", model_types=("fourway_omni",),
-                                 parts={}, speech_roles=()))
+                                 parts={}))
 
 
 def test_the_orchestrator_takes_the_familys_defaults_and_refuses_an_unknown_family(fourway):

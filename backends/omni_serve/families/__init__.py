@@ -80,7 +80,6 @@ class Family:
     model_types: tuple[str, ...]  # config.json model_type of its checkpoints
     # what each stage role reads of the checkpoint folder: (tensor prefix, files)
     parts: Mapping[str, tuple[str, tuple[str, ...]]]
-    speech_roles: tuple[str, ...]  # roles that go together: all or none
     system_prompt: str | None = None  # the family's default (its model card's)
     # stage-side classes, by import path ("module:Class"; loaded only where they run):
     # checkpoint architecture -> the vLLM model class (llm/vllm_models.py registers them)
@@ -126,11 +125,6 @@ def _load_builtin() -> None:
         _loaded = True
         for path in _BUILTIN:
             _add(importlib.import_module(path).FAMILY)
-
-
-def names() -> list[str]:
-    _load_builtin()
-    return sorted(_FAMILIES)
 
 
 def supported() -> str:

@@ -38,7 +38,6 @@ FAMILY = Family(
         "talker": ("talker.model.", ("spk_dict.pt",)),
         "audio_decoder": ("token2wav.", ("spk_dict.pt",)),
     },
-    speech_roles=("talker", "audio_decoder"),
     system_prompt=SYSTEM_PROMPT,
     voice_map=OPENAI_VOICE_MAP,
     speech=Qwen25OmniSpeech(),

@@ -9,6 +9,7 @@ codes with its left and right context counts.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,8 +40,6 @@ class Qwen25OmniSpeech:
 
     def talker_inputs(self, reply: ThinkerReply, media: Mapping[str, np.ndarray],
                       speaker: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
-        import json
-
         inputs = {
             TALKER.THINKER_HIDDEN_STATES_FILE: _text(reply.file),
             TALKER.PROMPT_TOKEN_IDS: np.array(reply.prompt_ids, dtype=np.int64),
