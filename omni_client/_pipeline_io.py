@@ -163,7 +163,9 @@ def parse_omni(result: grpcclient.InferResult) -> list[Event]:
     if OMNI.IMAGE_OUTPUT in names:
         events.append(ImageOutput(bytes(result.as_numpy(OMNI.IMAGE_OUTPUT).reshape(-1)[0])))
     if OMNI.CODEC_IDS in names:
-        events.append(CodecIds(result.as_numpy(OMNI.CODEC_IDS).reshape(-1).astype(int).tolist()))
+        codes = result.as_numpy(OMNI.CODEC_IDS)
+        frames = codes.reshape(-1, codes.shape[-1] if codes.ndim == 2 else 1)  # [frames, groups]
+        events.append(CodecIds(frames.astype(int).tolist()))
     if OMNI.FINISH_REASON in names:
         metrics: dict[str, Any] = {}
         if OMNI.METRICS in names:

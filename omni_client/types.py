@@ -105,11 +105,12 @@ class CodecIds:
     """The talker's next codec ids (asked for with `return_codec_ids=True`).
 
     Attributes:
-        ids: codes as the audio decoder reads them, in order; the ids of a
-            reply are the concatenation of its CodecIds events.
+        frames: the codes as the audio decoder reads them, one list of `groups`
+            codes (one per codebook: 1 for Qwen2.5-Omni) per frame, in order; the
+            frames of a reply are the concatenation of its CodecIds events.
     """
 
-    ids: list[int]
+    frames: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,8 @@ class ChatResult:
         audio: the spoken reply (mono float32), or None when not asked for.
         sample_rate: of `audio`.
         images: generated images (PNG bytes), in order.
-        codec_ids: the talker's codec ids of the spoken reply (empty unless
-            asked for with `return_codec_ids=True`).
+        codec_ids: the talker's codec ids of the spoken reply, [frames][groups]
+            (empty unless asked for with `return_codec_ids=True`).
         finish_reason, usage, metrics: as in the stream's Final event.
     """
 
@@ -152,7 +153,7 @@ class ChatResult:
     audio: np.ndarray | None = None
     sample_rate: int | None = None
     images: list[bytes] = field(default_factory=list)
-    codec_ids: list[int] = field(default_factory=list)
+    codec_ids: list[list[int]] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
@@ -171,7 +172,7 @@ class ChatResult:
             elif isinstance(event, ImageOutput):
                 result.images.append(event.png)
             elif isinstance(event, CodecIds):
-                result.codec_ids.extend(event.ids)
+                result.codec_ids.extend(event.frames)
             elif isinstance(event, Final):
                 result.finish_reason, result.usage = event.finish_reason, event.usage
                 result.metrics = event.metrics
@@ -198,10 +199,11 @@ class SpeechResult(AudioChunk):
     """Text read aloud (`OmniClient.speech`): all of its audio as one chunk.
 
     Attributes:
-        codec_ids: the talker's codec ids (empty unless `return_codec_ids=True`).
+        codec_ids: the talker's codec ids, [frames][groups] (empty unless
+            `return_codec_ids=True`).
     """
 
-    codec_ids: list[int] = field(default_factory=list)
+    codec_ids: list[list[int]] = field(default_factory=list)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the audio to `path`, format from the suffix: .wav (16-bit PCM), .flac,

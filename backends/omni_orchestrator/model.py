@@ -51,12 +51,12 @@ def response_tensors(events: list) -> tuple[dict[str, np.ndarray], bool]:
     """The output tensors of one response carrying `events` (in order), and whether it is final.
 
     Events that piled up are merged: text and codec ids concatenated, audio
-    chunks joined, the last image kept.
+    chunks joined, the last image kept; codec ids stay [frames, groups].
     """
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     audio = [e for e in events if isinstance(e, AudioChunk)]
     images = [e for e in events if isinstance(e, ImageOut)]
-    codec_ids = [i for e in events if isinstance(e, CodecIds) for i in e.ids]
+    codec_ids = [f for e in events if isinstance(e, CodecIds) for f in e.frames]
     final = next((e for e in events if isinstance(e, Final)), None)
     tensors: dict[str, np.ndarray] = {}
     if text:

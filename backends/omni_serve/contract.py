@@ -371,9 +371,10 @@ OMNI_CONTRACT = StageContract(
         TensorSpec(OMNI.AUDIO_CHUNK, "TYPE_FP32", (-1,), doc="the next mono PCM chunk"),
         TensorSpec(OMNI.SAMPLE_RATE, "TYPE_INT32", (1,), doc="of audio_chunk"),
         TensorSpec(OMNI.IMAGE_OUTPUT, "TYPE_STRING", (1,), doc="PNG bytes of the generated image"),
-        TensorSpec(OMNI.CODEC_IDS, "TYPE_INT64", (-1,),
-                   doc="with return_codec_ids: the talker's next codec ids (0-based codes, as "
-                       "the audio decoder reads them), in order"),
+        TensorSpec(OMNI.CODEC_IDS, "TYPE_INT64", (-1, -1),
+                   doc="with return_codec_ids: the talker's next codec ids, [frames, groups] "
+                       "(0-based codes as the audio decoder reads them, one per codebook; "
+                       "groups is 1 for Qwen2.5-Omni), in order"),
         TensorSpec(OMNI.FINISH_REASON, "TYPE_STRING", (1,),
                    doc="on the last response: the thinker's finish reason"),
         TensorSpec(OMNI.METRICS, "TYPE_STRING", (1,),

@@ -87,8 +87,8 @@ class ChatCompletion:
         if isinstance(event, AudioChunk) and self.audio:
             return {"audio": {"id": self.audio_id,
                               "data": base64.b64encode(pcm16(event.samples)).decode()}}
-        if isinstance(event, CodecIds) and self.audio and event.ids:
-            return {"audio": {"id": self.audio_id, "codec_ids": list(event.ids)}}
+        if isinstance(event, CodecIds) and self.audio and event.frames:
+            return {"audio": {"id": self.audio_id, "codec_ids": event.frames}}
         return None
 
     def whole(self, events: list[Event]) -> dict[str, Any]:
@@ -106,8 +106,8 @@ class ChatCompletion:
             message["audio"] = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
                                 "expires_at": self.created + 3600, "transcript": text}
             if self.body.return_codec_ids:  # extension
-                message["audio"]["codec_ids"] = [i for e in events if isinstance(e, CodecIds)
-                                                 for i in e.ids]
+                message["audio"]["codec_ids"] = [f for e in events if isinstance(e, CodecIds)
+                                                 for f in e.frames]
         return {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.body.model,
                 "choices": [{"index": 0, "message": message,

@@ -15,7 +15,9 @@ import os
 
 import pytest
 
-from .servers import gen_repo, serving
+from omni_tools.server import TritonServer
+
+from .servers import gen_repo
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -23,26 +25,41 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
 
 
-def _session_server(preset: str, tmp_path_factory):
+@pytest.fixture(scope="session")
+def _stopped_together():
+    """The session servers, stopped at once: each is sent SIGTERM at its own teardown
+    and waited for here, torn down after all of them (each takes seconds to unload)."""
+    servers: list[TritonServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+        print(f"\ntritonserver log: {server.log_path}")
+
+
+def _session_server(preset: str, tmp_path_factory, stopped_together: list[TritonServer]):
     root = tmp_path_factory.mktemp(preset)
     # The user's path: the venv's console script, then the venv's tritonserver.
-    with serving(gen_repo(["--preset", preset], root / "repo"), root, extra_args=EXPLICIT) as server:
-        yield server
+    repo = gen_repo(["--preset", preset], root / "repo")
+    server = TritonServer(repo, log_path=root / "tritonserver.log", extra_args=list(EXPLICIT))
+    stopped_together.append(server)
+    server.start(timeout=300.0)
+    yield server
+    server.terminate()
 
 
 @pytest.fixture(scope="session")
-def text_chat_server(tmp_path_factory):
-    yield from _session_server("text-chat", tmp_path_factory)
+def text_chat_server(tmp_path_factory, _stopped_together):
+    yield from _session_server("text-chat", tmp_path_factory, _stopped_together)
 
 
 @pytest.fixture(scope="session")
-def text_to_image_server(tmp_path_factory):
-    yield from _session_server("text-to-image", tmp_path_factory)
+def text_to_image_server(tmp_path_factory, _stopped_together):
+    yield from _session_server("text-to-image", tmp_path_factory, _stopped_together)
 
 
 @pytest.fixture(scope="session")
-def omni_chat_server(tmp_path_factory):
-    yield from _session_server("omni-chat", tmp_path_factory)
+def omni_chat_server(tmp_path_factory, _stopped_together):
+    yield from _session_server("omni-chat", tmp_path_factory, _stopped_together)
 
 
 @pytest.fixture(scope="session")

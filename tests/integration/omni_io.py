@@ -32,7 +32,7 @@ class OmniResult:
     chunks: list[np.ndarray] = field(default_factory=list)
     sample_rate: int | None = None
     images: list[bytes] = field(default_factory=list)
-    codec_ids: list[int] = field(default_factory=list)
+    codec_ids: list[list[int]] = field(default_factory=list)  # [frames][groups]
     finish_reason: str | None = None
     metrics: dict | None = None
     error: InferenceServerException | None = None
@@ -161,7 +161,9 @@ def absorb(result: OmniResult, response) -> bool:
         result.deltas.append(response.as_numpy(OMNI.TEXT_OUTPUT)[0].decode())
         result.kinds.append("text")
     if OMNI.CODEC_IDS in names:
-        result.codec_ids.extend(int(i) for i in response.as_numpy(OMNI.CODEC_IDS).reshape(-1))
+        frames = response.as_numpy(OMNI.CODEC_IDS)
+        assert frames.ndim == 2 and frames.dtype == np.int64, (frames.shape, frames.dtype)
+        result.codec_ids.extend(frames.tolist())
     if OMNI.AUDIO_CHUNK in names:
         chunk = response.as_numpy(OMNI.AUDIO_CHUNK)
         assert chunk.dtype == np.float32 and chunk.ndim == 1

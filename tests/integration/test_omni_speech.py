@@ -77,8 +77,8 @@ def reference(omni_chat_server):
 
 
 def _reference(ref, text: str, speaker: str, image: bytes | None = None,
-               audio: np.ndarray | None = None) -> tuple[str, list[int], np.ndarray]:
-    """(reply text, codec ids, waveform) of transformers' generate(return_audio=True)."""
+               audio: np.ndarray | None = None) -> tuple[str, list[list[int]], np.ndarray]:
+    """(reply text, codec ids as [frames][1], waveform) of transformers' generate(return_audio=True)."""
     model, processor = ref["model"], ref["processor"]
     if audio is not None:  # what the server gets: the samples of the WAV file it is sent
         audio, _ = sf.read(io.BytesIO(wav(audio)), dtype="float32")
@@ -104,7 +104,7 @@ def _reference(ref, text: str, speaker: str, image: bytes | None = None,
     codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
     reply = processor.tokenizer.decode(seq[0, inputs["input_ids"].shape[1]:],
                                        skip_special_tokens=True)
-    return reply, codes, waveform.numpy()
+    return reply, [[c] for c in codes], waveform.numpy()  # one codebook: a code per frame
 
 
 def _served(url: str, text: str, speaker: str, *, stream_audio: bool, image=None, audio=None):

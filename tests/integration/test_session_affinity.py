@@ -50,9 +50,11 @@ TURNS = [
 
 
 def _spec() -> dict:
+    # enforce_eager: what is tested is routing and the prefix cache, not compiled graphs,
+    # and each engine would spend ~22 s on 2 cores in torch.compile at every load
     engine = {"backend": "omni_llm", "model": "tiny:qwen2.5-omni-tiny",
               "engine_args": {"max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
-                              "block_size": BLOCK_SIZE,
+                              "block_size": BLOCK_SIZE, "enforce_eager": True,
                               "limit_mm_per_prompt": {"image": 0, "audio": 0, "video": 0}}}
     return {
         "pipeline": "session-affinity",

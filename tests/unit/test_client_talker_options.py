@@ -27,12 +27,13 @@ from tests.unit.test_client_pipelines import (
     tone,
 )
 
+CODEC_FRAMES = [[7, 70], [3, 30], [5, 50]]  # [frames][groups] across the stream
 CODEC_STREAM = [
     (infer_result(OMNI_CONTRACT, {OMNI.TEXT_OUTPUT: np.array([b"Hi"], object),
-                                  OMNI.CODEC_IDS: np.array([7, 3], np.int64)}), None),
+                                  OMNI.CODEC_IDS: np.array([[7, 70], [3, 30]], np.int64)}), None),
     (infer_result(OMNI_CONTRACT, {OMNI.AUDIO_CHUNK: tone(240),
                                   OMNI.SAMPLE_RATE: np.array([24000], np.int32),
-                                  OMNI.CODEC_IDS: np.array([5], np.int64)}), None),
+                                  OMNI.CODEC_IDS: np.array([[5, 50]], np.int64)}), None),
     (infer_result(OMNI_CONTRACT, {OMNI.FINISH_REASON: np.array([b"stop"], object),
                                   OMNI.METRICS: np.array([b"{}"], object)}, final=True), None),
 ]
@@ -98,15 +99,15 @@ def test_models_without_a_talker_refuse_the_talker_options(config, kind, kwargs)
 
 def test_a_codec_ids_output_is_a_codec_ids_event_after_text_and_audio():
     events = pio.parse_omni(infer_result(OMNI_CONTRACT, {
-        OMNI.TEXT_OUTPUT: np.array([b"x"], object), OMNI.CODEC_IDS: np.array([4, 2], np.int64)}))
-    assert events == [TextDelta("x"), CodecIds([4, 2])]
-    assert all(type(i) is int for i in events[1].ids)
+        OMNI.TEXT_OUTPUT: np.array([b"x"], object), OMNI.CODEC_IDS: np.array([[4], [2]], np.int64)}))
+    assert events == [TextDelta("x"), CodecIds([[4], [2]])]  # [frames][groups]
+    assert all(type(i) is int for frame in events[1].frames for i in frame)
 
 
 def test_chat_results_concatenate_the_codec_ids_and_default_to_none():
-    result = ChatResult.from_events([CodecIds([1, 2]), TextDelta("a"), CodecIds([3]),
+    result = ChatResult.from_events([CodecIds([[1], [2]]), TextDelta("a"), CodecIds([[3]]),
                                      Final("stop")])
-    assert result.codec_ids == [1, 2, 3]
+    assert result.codec_ids == [[1], [2], [3]]
     assert ChatResult.from_events([TextDelta("a"), Final("stop")]).codec_ids == []
 
 
@@ -121,7 +122,7 @@ def test_the_sync_client_sends_the_options_and_gathers_the_codec_ids():
     assert json.loads(values[OMNI.TALKER_SAMPLING_PARAMETERS][0]) == {"top_p": 0.5}
     assert not values[OMNI.STREAM_AUDIO][0] and values[OMNI.RETURN_CODEC_IDS][0]
     assert values[OMNI.SPEAKER][0] == b"alloy"  # the orchestrator maps voices, not the SDK
-    assert reply.codec_ids == [7, 3, 5] and reply.text == "Hi" and reply.audio.size == 240
+    assert reply.codec_ids == CODEC_FRAMES and reply.text == "Hi" and reply.audio.size == 240
 
 
 def test_sync_speech_passes_the_options_and_returns_the_codec_ids():
@@ -133,7 +134,7 @@ def test_sync_speech_passes_the_options_and_returns_the_codec_ids():
     values = tensor_values(fake.requests[0]["inputs"])
     assert values[OMNI.TASK][0] == b"speech"
     assert json.loads(values[OMNI.TALKER_SAMPLING_PARAMETERS][0]) == {"temperature": 0}
-    assert speech.codec_ids == [7, 3, 5]
+    assert speech.codec_ids == CODEC_FRAMES
     plain = client_over(FakeServer(OMNI_STREAM)).speech("read")
     assert plain.codec_ids == []
 
@@ -195,5 +196,5 @@ def test_the_async_client_sends_the_options_and_gathers_the_codec_ids(monkeypatc
     assert json.loads(values[OMNI.TALKER_SAMPLING_PARAMETERS][0]) == {"max_tokens": 9}
     assert not values[OMNI.STREAM_AUDIO][0] and values[OMNI.RETURN_CODEC_IDS][0]
     assert OMNI.CODEC_IDS in set(sent[0]["outputs"])  # output names
-    assert chat.codec_ids == [7, 3, 5] and speech.codec_ids == [7, 3, 5]
+    assert chat.codec_ids == CODEC_FRAMES and speech.codec_ids == CODEC_FRAMES
     assert isinstance(chat, ChatResult) and isinstance(speech, AudioChunk)

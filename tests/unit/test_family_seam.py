@@ -136,5 +136,5 @@ def test_the_speech_path_runs_a_made_up_family_of_four_code_groups(fourway, stre
         assert len(stages.frames_decoded) > 1 and any(left for _, left, _, _ in stages.frames_decoded)
     else:
         assert [(left, right, at) for _, left, right, at in stages.frames_decoded] == [(0, 0, 0)]
-    codes = [c for e in events if isinstance(e, CodecIds) for c in e.ids]
-    assert codes == [c for p in range(FRAMES) for c in frame_at(p)]
+    frames = [f for e in events if isinstance(e, CodecIds) for f in e.frames]
+    assert frames == [frame_at(p) for p in range(FRAMES)]  # [frames][4], as the talker sent

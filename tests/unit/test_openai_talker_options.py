@@ -16,8 +16,10 @@ from omni_client.errors import BadRequestError
 from omni_client.openai_server.app import create_app
 from omni_client.types import AudioChunk, CodecIds, Final, TextDelta, Usage
 
-EVENTS = [TextDelta("Hi"), CodecIds([7, 3]), AudioChunk(np.full(240, 0.1, np.float32), 24000),
-          CodecIds([5]), Final("stop", Usage(3, 1))]
+EVENTS = [TextDelta("Hi"), CodecIds([[7, 70], [3, 30]]),
+          AudioChunk(np.full(240, 0.1, np.float32), 24000), CodecIds([[5, 50]]),
+          Final("stop", Usage(3, 1))]
+FRAMES = [[7, 70], [3, 30], [5, 50]]  # [frames][groups]
 
 
 class FakeOmni:
@@ -63,7 +65,7 @@ def test_chat_passes_the_talker_extensions_and_the_voice_as_it_came(served):
     assert call["stream_audio"] is False and call["return_codec_ids"] is True
     assert call["speaker"] == "alloy"  # the orchestrator's voice_map maps it
     audio = response.json()["choices"][0]["message"]["audio"]
-    assert audio["codec_ids"] == [7, 3, 5] and audio["transcript"] == "Hi"
+    assert audio["codec_ids"] == FRAMES and audio["transcript"] == "Hi"
 
 
 def test_chat_without_the_extensions_sends_defaults_and_returns_no_codec_ids(served):
@@ -85,7 +87,7 @@ def test_streamed_chat_sends_codec_ids_as_audio_deltas_in_order(served):
               if line.startswith("data: {")]
     audio = [c["choices"][0]["delta"].get("audio") for c in chunks if c["choices"]]
     codec = [a["codec_ids"] for a in audio if a and "codec_ids" in a]
-    assert codec == [[7, 3], [5]]
+    assert codec == [[[7, 70], [3, 30]], [[5, 50]]]
     assert any(a and "data" in a for a in audio)
 
 
@@ -169,7 +171,7 @@ def test_the_openai_client_sends_the_extensions_through_extra_body(served):
     call = front.client.calls[0]
     assert call["talker_sampling"] == {"temperature": 0} and call["return_codec_ids"] is True
     audio = completion.choices[0].message.audio
-    assert audio.model_extra["codec_ids"] == [7, 3, 5]
+    assert audio.model_extra["codec_ids"] == FRAMES
     assert base64.b64decode(audio.data)[:4] == b"RIFF"
 
 

@@ -184,9 +184,10 @@ def test_the_decoder_starts_while_the_talker_still_talks():
 
 def test_codec_ids_go_out_as_they_arrive_only_when_asked_for():
     events, stages = speak(return_codec_ids=True)
-    codec = [e.ids for e in events if isinstance(e, CodecIds)]
-    assert codec == [g for g in stages.talker_groups if g]  # one event per talker response
-    assert sum(codec, []) == [code_at(p) for p in range(TALKER_CODES)]
+    codec = [e.frames for e in events if isinstance(e, CodecIds)]
+    # one event per talker response, [frames][1 group]
+    assert codec == [[[c] for c in g] for g in stages.talker_groups if g]
+    assert sum(codec, []) == [[code_at(p)] for p in range(TALKER_CODES)]
     events, _ = speak()
     assert not any(isinstance(e, CodecIds) for e in events)
 

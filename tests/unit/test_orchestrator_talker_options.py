@@ -60,7 +60,7 @@ def test_the_contract_declares_the_new_inputs_and_output():
         assert OMNI_CONTRACT.input(name).optional
     codec_ids = OMNI_CONTRACT.output(OMNI.CODEC_IDS)
     assert (codec_ids.name, codec_ids.data_type, codec_ids.dims) == ("codec_ids", "TYPE_INT64",
-                                                                      (-1,))
+                                                                      (-1, -1))
 
 
 # --- defaults ----------------------------------------------------------------------
@@ -251,17 +251,18 @@ def adapter():
 
 
 def test_codec_ids_go_out_as_the_codec_ids_output(adapter):
-    out, final = adapter.response_tensors([CodecIds([3, 1, 4])])
+    out, final = adapter.response_tensors([CodecIds([[3, 30], [1, 10], [4, 40]])])
     assert not final and set(out) == {OMNI.CODEC_IDS}
-    assert out[OMNI.CODEC_IDS].dtype == np.int64 and out[OMNI.CODEC_IDS].tolist() == [3, 1, 4]
+    assert out[OMNI.CODEC_IDS].dtype == np.int64
+    assert out[OMNI.CODEC_IDS].tolist() == [[3, 30], [1, 10], [4, 40]]  # [frames, groups]
 
 
 def test_codec_ids_that_piled_up_are_concatenated_in_order_with_the_rest(adapter):
-    events = [TextDelta("a"), CodecIds([5, 9]), AudioChunk(np.ones(4, np.float32), 24000),
-              CodecIds([2]), Final("stop", {})]
+    events = [TextDelta("a"), CodecIds([[5], [9]]), AudioChunk(np.ones(4, np.float32), 24000),
+              CodecIds([[2]]), Final("stop", {})]
     out, final = adapter.response_tensors(events)
     assert final
-    assert out[OMNI.CODEC_IDS].tolist() == [5, 9, 2]
+    assert out[OMNI.CODEC_IDS].tolist() == [[5], [9], [2]]
     assert out[OMNI.TEXT_OUTPUT].tolist() == [b"a"] and out[OMNI.AUDIO_CHUNK].size == 4
 
 

@@ -167,6 +167,15 @@ class TritonServer:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             return r.read().decode()
 
+    def terminate(self) -> None:
+        """Ask the server to stop (SIGTERM to its process group) without waiting: several
+        servers stopped at once each `terminate()`, then each `stop()`."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self, timeout: float = 60.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

@@ -31,9 +31,9 @@ class ImageOut:
 
 @dataclass
 class CodecIds:
-    """The talker's codec ids of the reply so far (sent with `return_codec_ids`)."""
+    """The talker's next frames of codec ids, [frames][groups] (sent with `return_codec_ids`)."""
 
-    ids: list[int]
+    frames: list[list[int]]
 
 
 @dataclass

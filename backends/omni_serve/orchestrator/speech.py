@@ -171,7 +171,7 @@ class Speech:
                     continue
                 frames = np.asarray(frames, dtype=np.int64).reshape(-1, groups)
                 if len(frames) and req.return_codec_ids:
-                    self.emit(CodecIds([int(c) for c in frames.reshape(-1)]))
+                    self.emit(CodecIds(frames.astype(int).tolist()))
                 for frame in frames:
                     yield frame
 
