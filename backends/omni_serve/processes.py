@@ -26,9 +26,22 @@ import psutil
 log = logging.getLogger(__name__)
 
 
+# Python's multiprocessing resource tracker (vLLM starts one in the stub): it ignores
+# SIGTERM, so ending it would cost the whole grace period at every unload, and it ends by
+# itself once the stub exits, after unlinking whatever shared memory was leaked.
+RESOURCE_TRACKER = "multiprocessing.resource_tracker"
+
+
 def descendants() -> list[psutil.Process]:
-    """Every process this one started, directly or not, as of now."""
-    return psutil.Process().children(recursive=True)
+    """Every process this one started, directly or not, as of now, but the resource tracker."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if RESOURCE_TRACKER not in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:  # ended meanwhile
+            pass
+    return found
 
 
 def terminate(procs: list[psutil.Process], grace_s: float = 3.0) -> list[psutil.Process]:
