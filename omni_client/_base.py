@@ -167,7 +167,8 @@ def completion(deltas: Sequence[TextDelta]) -> Completion:
                 found = value
         return found
 
+    counted = [d.num_output_tokens for d in deltas if d.num_output_tokens is not None]
     return Completion(text="".join(d.text for d in deltas),
                       finish_reason=last(d.finish_reason for d in deltas),
                       num_input_tokens=last(d.num_input_tokens for d in deltas),
-                      num_output_tokens=last(d.num_output_tokens for d in deltas))
+                      num_output_tokens=sum(counted) if counted else None)

@@ -186,8 +186,8 @@ def llm_final(deltas: Sequence[TextDelta]) -> Final:
     """The Final event closing an LLM stream (its last finish reason and token counts)."""
     reason = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
     n_in = next((d.num_input_tokens for d in reversed(deltas) if d.num_input_tokens is not None), None)
-    n_out = next((d.num_output_tokens for d in reversed(deltas)
-                  if d.num_output_tokens is not None), None)
+    counted = [d.num_output_tokens for d in deltas if d.num_output_tokens is not None]
+    n_out = sum(counted) if counted else None  # each delta counts the tokens it adds
     usage = None if n_in is None and n_out is None else Usage(n_in or 0, n_out or 0)
     return Final(reason, usage)
 

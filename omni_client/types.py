@@ -22,8 +22,8 @@ class TextDelta:
         finish_reason: why generation stopped ("stop", "length", ...); None
             until the sequence finishes.
         num_input_tokens: prompt length in tokens, when the server reports it.
-        num_output_tokens: output token count as the server reports it for
-            this response, when it does.
+        num_output_tokens: the output tokens this response adds, when the server
+            reports it (vllm_backend's semantics: a stream's counts add up).
     """
 
     text: str

@@ -25,6 +25,10 @@ class LLM:
     RETURN_FINISH_REASON = "return_finish_reason"
     RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"
     RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
+    RETURN_CUMULATIVE_LOGPROB = "return_cumulative_logprob"
+    RETURN_LOGPROBS = "return_logprobs"
+    IMAGE = "image"
+    EMBEDDING_REQUEST = "embedding_request"
     # Omni extras.
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     MESSAGES = "messages"
@@ -41,6 +45,8 @@ class LLM:
     FINISH_REASON = "finish_reason"
     NUM_INPUT_TOKENS = "num_input_tokens"
     NUM_OUTPUT_TOKENS = "num_output_tokens"
+    CUMULATIVE_LOGPROB = "cumulative_logprob"
+    LOGPROBS = "logprobs"
     TOKEN_IDS = "token_ids"
     INPUT_EMBEDS = "input_embeds"
     HIDDEN_STATES = "hidden_states"
@@ -50,13 +56,26 @@ class LLM:
 
     # Boolean request flags that may also arrive as request parameters.
     FLAGS = (STREAM, EXCLUDE_INPUT_IN_OUTPUT, RETURN_FINISH_REASON,
-             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_TOKEN_IDS,
+             RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS, RETURN_CUMULATIVE_LOGPROB,
+             RETURN_LOGPROBS, RETURN_TOKEN_IDS,
              RETURN_HIDDEN_STATES, HIDDEN_STATES_IN_SHM, RETURN_INPUT_TOKEN_IDS)
     # Request parameter of a control request: abort the live request whose
     # Triton request id is its value: a gRPC cancel racing a request's
     # completion can abort Triton 2.51 (upstream #7368), so the orchestrator
     # asks the stage directly.
     ABORT_PARAMETER = "omni_abort"
+    # Sampling-parameter key (tensor JSON or request parameter) naming the LoRA adapter
+    # of one request, one of the model's multi_lora.json names (as in vllm_backend).
+    LORA_NAME = "lora_name"
+
+
+# A vllm_backend model repository, served unchanged by omni_llm: engine arguments in
+# <model>/<version>/model.json, LoRA adapters {name: path} in multi_lora.json beside it,
+# and the config.pbtxt parameters it reads ("true" turns them on).
+VLLM_ENGINE_ARGS_FILE = "model.json"
+MULTI_LORA_FILE = "multi_lora.json"
+REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"
+ENABLE_VLLM_HEALTH_CHECK = "ENABLE_VLLM_HEALTH_CHECK"
 
 
 # Placeholder tokens of multimodal prompts (Qwen2.5-Omni names): a prompt has one
@@ -82,6 +101,16 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.RETURN_FINISH_REASON, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.RETURN_NUM_INPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
         TensorSpec(LLM.RETURN_NUM_OUTPUT_TOKENS, "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(LLM.RETURN_CUMULATIVE_LOGPROB, "TYPE_BOOL", (1,), optional=True),
+        TensorSpec(LLM.RETURN_LOGPROBS, "TYPE_BOOL", (1,), optional=True,
+                   doc="logprobs of the tokens of each response, as JSON (sampling parameter "
+                       "logprobs sets how many alternatives; without it the JSON is null)"),
+        TensorSpec(LLM.IMAGE, "TYPE_STRING", (-1,), optional=True,
+                   doc="vision models on vLLM's own processor: base64-encoded images of "
+                       "text_input, one per element (as vllm_backend takes them)"),
+        TensorSpec(LLM.EMBEDDING_REQUEST, "TYPE_STRING", (1,), optional=True,
+                   doc="pooling models: JSON {\"input\": text or token ids, \"pooling_params\": "
+                       "{\"dimensions\": [n]}}; text_output is the embedding as a JSON list"),
         TensorSpec(LLM.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,), optional=True,
                    doc="the prompt as token ids instead of text_input"),
         TensorSpec(LLM.MESSAGES, "TYPE_STRING", (1,), optional=True,
@@ -115,7 +144,13 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.TEXT_OUTPUT, "TYPE_STRING", (-1,)),
         TensorSpec(LLM.FINISH_REASON, "TYPE_STRING", (-1,)),
         TensorSpec(LLM.NUM_INPUT_TOKENS, "TYPE_UINT32", (-1,)),
-        TensorSpec(LLM.NUM_OUTPUT_TOKENS, "TYPE_UINT32", (-1,)),
+        TensorSpec(LLM.NUM_OUTPUT_TOKENS, "TYPE_UINT32", (-1,),
+                   doc="tokens this response adds (streaming: since the previous response)"),
+        TensorSpec(LLM.CUMULATIVE_LOGPROB, "TYPE_FP32", (-1,),
+                   doc="the reply's cumulative logprob so far (NaN unless the sampling "
+                       "parameter logprobs is set, as vLLM computes it only then)"),
+        TensorSpec(LLM.LOGPROBS, "TYPE_STRING", (-1,),
+                   doc="JSON: per new token {token id: {logprob, rank, decoded_token}}"),
         TensorSpec(LLM.TOKEN_IDS, "TYPE_INT64", (-1,)),
         TensorSpec(LLM.INPUT_EMBEDS, "TYPE_FP32", (-1, -1),
                    doc="with return_hidden_states: each row's input embedding (rows x hidden; "

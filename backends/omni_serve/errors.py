@@ -18,6 +18,15 @@ class RequestError(ValueError):
         self.message = message
 
 
+class VerbatimRequestError(RequestError):
+    """A RequestError whose text is another server's, verbatim (Triton's vllm_backend):
+    that server's clients match on it. `field` still names the input."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(field, message)
+        self.args = (message,)
+
+
 class StageUnavailableError(RuntimeError):
     """The stage cannot serve now (engine dead, shutting down); maps to UNAVAILABLE."""
 
@@ -93,7 +102,10 @@ _BY_MESSAGE: tuple[tuple[tuple[str, ...], ErrorCode], ...] = (
     (("request for unknown model", "invalid argument", "invalid_arg",
       "unexpected inference input", "unexpected shape for input", "data-type is",
       "inputs but got", "expected number of inputs", "does not exist in request",
-      "input byte size mismatch"), "INVALID_ARG"),
+      "input byte size mismatch",
+      # vllm_backend's texts (llm/request.py, llm/lora.py): verbatim, with no field prefix
+      "= false is not allowed", "lora feature is not enabled",
+      "is not supported, we currently support"), "INVALID_ARG"),
 )
 
 

@@ -174,6 +174,55 @@ class TritonMetrics(MetricTable):
                                 "Cumulative queue time of requests (microseconds)", (),
                                 ("model", "version"))
 
+def one_two_five(limit: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's build_1_2_5_buckets)."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return tuple(out)
+            out.append(float(m * scale))
+        scale *= 10
+
+
+class VllmBackendMetrics(MetricTable):
+    """Triton vllm_backend's families, names, help texts, labels and buckets as it creates them,
+    for dashboards built on it; created by omni_llm only when its config.pbtxt turns
+    REPORT_CUSTOM_METRICS on (and model.json leaves disable_log_stats off). The token-count
+    histograms' buckets are 1-2-5 up to the engine's max_model_len (`one_two_five`); the
+    ones here stand for them. Not in TABLES: our dashboard charts our own families."""
+
+    CREATED_BY = "omni_llm (REPORT_CUSTOM_METRICS)"
+    LABELS = ("model", "version")
+    PROMPT_TOKENS = MetricSpec("vllm:prompt_tokens_total", "counter",
+                               "Number of prefill tokens processed.", (), LABELS)
+    GENERATION_TOKENS = MetricSpec("vllm:generation_tokens_total", "counter",
+                                   "Number of generation tokens processed.", (), LABELS)
+    TIME_TO_FIRST_TOKEN = MetricSpec(
+        "vllm:time_to_first_token_seconds", "histogram",
+        "Histogram of time to first token in seconds.",
+        (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+         10.0), LABELS)
+    TIME_PER_OUTPUT_TOKEN = MetricSpec(
+        "vllm:time_per_output_token_seconds", "histogram",
+        "Histogram of time per output token in seconds.",
+        (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5), LABELS)
+    E2E_REQUEST_LATENCY = MetricSpec(
+        "vllm:e2e_request_latency_seconds", "histogram",
+        "Histogram of end to end request latency in seconds.",
+        (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0), LABELS)
+    REQUEST_PROMPT_TOKENS = MetricSpec("vllm:request_prompt_tokens", "histogram",
+                                       "Number of prefill tokens processed.",
+                                       one_two_five(2048), LABELS)
+    REQUEST_GENERATION_TOKENS = MetricSpec("vllm:request_generation_tokens", "histogram",
+                                           "Number of generation tokens processed.",
+                                           one_two_five(2048), LABELS)
+    REQUEST_PARAMS_N = MetricSpec("vllm:request_params_n", "histogram",
+                                  "Histogram of the n request parameter.",
+                                  (1.0, 2.0, 5.0, 10.0, 20.0), LABELS)
+
+
 TABLES: tuple[type[MetricTable], ...] = (OrchestratorMetrics, LlmMetrics, DitMetrics, AudioMetrics,
                                          EncoderMetrics, OpenAIMetrics)
 

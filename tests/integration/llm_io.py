@@ -81,11 +81,12 @@ class Stream:
             if text is not None:
                 res.deltas.append(text[0].decode())
                 fr = result.as_numpy(LLM.FINISH_REASON)
-                res.finish_reason = fr[0].decode() if fr is not None and fr[0] else None
+                res.finish_reason = fr[0].decode() if fr is not None else None
                 n_in = result.as_numpy(LLM.NUM_INPUT_TOKENS)
                 n_out = result.as_numpy(LLM.NUM_OUTPUT_TOKENS)
                 res.num_input_tokens = int(n_in[0]) if n_in is not None else None
-                res.num_output_tokens = int(n_out[0]) if n_out is not None else None
+                if n_out is not None:  # each response counts the tokens it adds
+                    res.num_output_tokens = (res.num_output_tokens or 0) + int(n_out[0])
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return res
 

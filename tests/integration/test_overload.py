@@ -84,7 +84,7 @@ def _flood_llm(url: str, n: int) -> tuple[dict[str, int], list[InferenceServerEx
             response = result.get_response()
             counted = result.as_numpy(LLM.NUM_OUTPUT_TOKENS)
             if counted is not None:
-                tokens[response.id] = int(counted[0])
+                tokens[response.id] = tokens.get(response.id, 0) + int(counted[0])
             if response.parameters["triton_final_response"].bool_param:
                 assert response.id not in ended, f"request {response.id} ended twice"
                 ended[response.id] = tokens.get(response.id, 0)

@@ -88,7 +88,8 @@ def test_unknown_field_suggests_the_close_match_and_lists_the_allowed():
     assert "allowed: " in msg and "max_tokens" in msg
 
 
-@pytest.mark.parametrize("field", ["output_kind", "detokenize", "logprobs", "_all_stop_token_ids"])
+@pytest.mark.parametrize("field", ["output_kind", "detokenize", "prompt_logprobs",
+                                   "_all_stop_token_ids"])
 def test_fields_the_stage_owns_are_not_settable(field):
     assert field not in sampling.settable_fields()
     with pytest.raises(RequestError, match="unknown sampling parameter"):
@@ -194,9 +195,13 @@ def test_bad_chats_name_the_message(inputs, field, fragment):
     assert e.value.field == field
 
 
-def test_merge_outputs_joins_text_and_keeps_the_last_counts():
-    outs = [LLMOutput("a", None, 3, 1, False), LLMOutput("b", None, 3, 2, False),
-            LLMOutput("c", "length", 3, 3, True)]
+def test_merge_outputs_joins_text_and_logprobs_and_adds_the_output_counts():
+    outs = [LLMOutput("a", None, 3, 1, False, cumulative_logprob=-1.0, logprobs=[{5: (-1.0, 1, "a")}]),
+            LLMOutput("b", None, 3, 2, False, cumulative_logprob=-2.5,
+                      logprobs=[{6: (-0.5, 1, "b")}, {7: (-1.0, 1, "")}]),
+            LLMOutput("c", "length", 3, 0, True, cumulative_logprob=-2.5, logprobs=[])]
     merged = merge_outputs(outs)
-    assert merged == LLMOutput("abc", "length", 3, 3, True)
+    assert merged == LLMOutput("abc", "length", 3, 3, True, cumulative_logprob=-2.5,
+                               logprobs=[{5: (-1.0, 1, "a")}, {6: (-0.5, 1, "b")},
+                                         {7: (-1.0, 1, "")}])
     assert merge_outputs(outs[:1]) is outs[0]

@@ -171,7 +171,7 @@ class ScriptedStages:
             out = {LLM.TEXT_OUTPUT: np.array([f"w{i} ".encode()], dtype=np.object_),
                    LLM.FINISH_REASON: np.array([b"length" if last else b""], dtype=np.object_),
                    LLM.NUM_INPUT_TOKENS: np.array([len(ids)], np.uint32),
-                   LLM.NUM_OUTPUT_TOKENS: np.array([i + 1], np.uint32)}
+                   LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)}  # the tokens it adds
             if path is not None:
                 # prompt rows with the first response, then one per reply token fed back
                 new = len(ids) if i == 0 else 1

@@ -228,12 +228,12 @@ def test_thinker_rows_are_ready_with_the_file_the_prompt_and_two_reply_tokens():
                      LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)})
         assert rows.file == "/dev/shm/x" and not rows.ready.is_set()
         rows.update({LLM.INPUT_TOKEN_IDS: np.array([4, 5], np.int64),
-                     LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)})
+                     LLM.NUM_OUTPUT_TOKENS: np.array([0], np.uint32)})
         assert rows.prompt_ids == [4, 5] and not rows.ready.is_set()
         # later responses do not replace what the first ones said
         rows.update({LLM.HIDDEN_STATES_FILE: np.array([b"/other"], dtype=np.object_),
                      LLM.INPUT_TOKEN_IDS: np.array([9], np.int64),
-                     LLM.NUM_OUTPUT_TOKENS: np.array([2], np.uint32)})
+                     LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)})  # each adds its own
         assert rows.ready.is_set() and rows.file == "/dev/shm/x" and rows.prompt_ids == [4, 5]
         assert rows.reply_tokens == 2
 
@@ -284,13 +284,11 @@ def test_chat_reports_the_thinkers_token_counts():
 
     class Counting(ScriptedStages):
         async def stream(self, model, inputs, outputs, *, request_id, timeout_s, unread=None):
-            n = 0
             async for out in super().stream(model, inputs, outputs, request_id=request_id,
                                             timeout_s=timeout_s):
-                if model == "llm":
-                    n += 1
+                if model == "llm":  # one reply token per response, as the stage counts it
                     out = {**out, LLM.NUM_INPUT_TOKENS: np.array([42], np.uint32),
-                           LLM.NUM_OUTPUT_TOKENS: np.array([n], np.uint32)}
+                           LLM.NUM_OUTPUT_TOKENS: np.array([1], np.uint32)}
                 yield out
 
     events = run_events(OmniPipeline(cfg, Counting(reply_tokens=7), tiny_chat_prompt()), cfg)

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -61,7 +61,8 @@ class EngineHost:
     """
 
     def __init__(self, engine_args: dict[str, Any], *, serve: Serve, aborted: Callable[[], Any],
-                 name: str, metrics: StageMetrics | None = None, prompt_field: str = "text_input"):
+                 name: str, metrics: StageMetrics | None = None, prompt_field: str = "text_input",
+                 stat_loggers: Sequence[Callable] = ()):
         # vLLM's request errors, imported here, not by the first request on the engine
         # loop (the import takes seconds on a cold process)
         from vllm.exceptions import VLLMClientError
@@ -78,7 +79,11 @@ class EngineHost:
         self.max_in_flight: int | None = None  # max_num_seqs + max_queued, once started
         self.engine_args = {**DEFAULT_ENGINE_ARGS, **engine_args}
         self.metrics = metrics or NullMetrics()
+        # more stat loggers (vllm_backend's vllm:* families): each a callable that, given
+        # `muted()` (true while the engine warms up), returns a vLLM StatLogger factory
+        self.stat_loggers = tuple(stat_loggers)
         self.engine = None
+        self.supported_tasks: tuple[str, ...] = ()  # vLLM's ("generate",), ("embed", ...)
         self.max_model_len: int | None = None
         self.warmup_report = ""  # what the warm-up did and how long it took
         self._loop = asyncio.new_event_loop()
@@ -112,7 +117,7 @@ class EngineHost:
         self.run(self._start_engine())
         if started is not None:
             self.run(started())
-        if warm_up and warmup.enabled():
+        if warm_up and warmup.enabled() and "generate" in self.supported_tasks:
             size = vocab() if vocab is not None else self.engine.model_config.get_vocab_size()
             self.run(self._warm_up(size))
 
@@ -131,7 +136,9 @@ class EngineHost:
         with startup_failure.watch(self.name):
             self.engine = AsyncLLM.from_engine_args(
                 args, stat_loggers=[stat_logger_factory(
-                    lambda: NULL_METRICS if self._warming else self.metrics)])
+                    lambda: NULL_METRICS if self._warming else self.metrics),
+                    *(factory(lambda: self._warming) for factory in self.stat_loggers)])
+        self.supported_tasks = tuple(await self.engine.get_supported_tasks())
         self._engine_processes = processes.descendants()
         self.max_model_len = self.engine.model_config.max_model_len
         if self.max_queued is not None:
@@ -259,6 +266,17 @@ class EngineHost:
             self._died(self.engine.dead_error)
         return not self.dead
 
+    def check_health(self) -> bool:
+        """vLLM's own check_health(), run on the engine loop (vllm_backend's check before
+        each execute); a failing check is the engine's death. False once it died."""
+        if self.dead or self.engine is None:
+            return not self.dead
+        try:
+            self.run(self.engine.check_health())
+        except Exception as e:
+            self._died(e)
+        return not self.dead
+
     def _died(self, error: BaseException) -> str:
         """Record the engine's death (once) and say what a request gets from now on."""
         with self._dead_lock:
@@ -299,7 +317,7 @@ class EngineHost:
             sink.fail(e)
 
     async def generate(self, engine_input, params, request_id: str, arrival: float,
-                       stream: bool) -> AsyncIterator[tuple[Any, int, int]]:
+                       stream: bool, lora_request=None) -> AsyncIterator[tuple[Any, int, int]]:
         """vLLM's outputs of one request with (prompt tokens, output tokens so far).
 
         Records time to first token, and on the final output the token counts and
@@ -309,7 +327,8 @@ class EngineHost:
         first_at: float | None = None
         last_at = 0.0
         n_out = 0
-        async for out in self.engine.generate(engine_input, params, request_id):
+        extra = {} if lora_request is None else {"lora_request": lora_request}
+        async for out in self.engine.generate(engine_input, params, request_id, **extra):
             now = time.perf_counter()
             if not out.finished and request_id in self._aborted:
                 await self.engine.abort(request_id)  # it reached the engine after its abort

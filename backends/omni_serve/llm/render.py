@@ -49,6 +49,9 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
         return await render_prompt(engine, {"prompt_token_ids": req.prompt_token_ids})
     if req.messages is not None:
         return await render_chat(engine, req.messages)
+    if req.images:  # vllm_backend's `image`: the model's own processor takes them
+        return await render_prompt(engine, {"prompt": req.prompt,
+                                            "multi_modal_data": {"image": req.images}})
     if req.media is None:
         return await render_prompt(engine, {"prompt": req.prompt})
     data = multi_modal_data(req.media, req.prompt, media_shapes, stage)

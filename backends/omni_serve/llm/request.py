@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from omni_serve.contract import LLM
-from omni_serve.errors import RequestError
+from omni_serve.errors import RequestError, VerbatimRequestError
 from omni_serve.fields import ChatRules, json_chat, scalar, text
 from omni_serve.llm import sampling
 
@@ -37,6 +37,8 @@ class LLMRequest:
     return_finish_reason: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    return_cumulative_logprob: bool = False
+    return_logprobs: bool = False
     return_token_ids: bool = False
     return_hidden_states: bool = False
     hidden_states_in_shm: bool = False
@@ -65,9 +67,15 @@ class LLMOutput:
     text: str
     finish_reason: str | None
     num_input_tokens: int
-    num_output_tokens: int
+    num_output_tokens: int  # tokens this output adds (streaming: a delta; else all)
     final: bool
     token_ids: tuple[int, ...] = ()
+    # vLLM's cumulative logprob of the reply so far (None unless sampling asks logprobs)
+    cumulative_logprob: float | None = None
+    # with sampling logprobs: one {token id: (logprob, rank, decoded token)} per new token
+    logprobs: list[dict[int, tuple[float, int | None, str | None]]] | None = None
+    # an embedding request's result
+    embedding: list[float] | None = None
     # with return_hidden_states: new rows [input embedding | final hidden state]
     hidden: np.ndarray | None = None
     # with hidden_states_in_shm instead: the file, and (first row, rows added, width)
@@ -84,9 +92,13 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
     last = outputs[-1]
     rows = [o.hidden for o in outputs if o.hidden is not None]
     spans = [o.hidden_span for o in outputs if o.hidden_span is not None]
+    logprobs = [o.logprobs for o in outputs if o.logprobs is not None]
     return LLMOutput(text="".join(o.text for o in outputs), finish_reason=last.finish_reason,
                      num_input_tokens=last.num_input_tokens,
-                     num_output_tokens=last.num_output_tokens, final=last.final,
+                     num_output_tokens=sum(o.num_output_tokens for o in outputs),
+                     final=last.final, cumulative_logprob=last.cumulative_logprob,
+                     logprobs=[d for lp in logprobs for d in lp] if logprobs else None,
+                     embedding=last.embedding,
                      token_ids=tuple(t for o in outputs for t in o.token_ids),
                      hidden=np.concatenate(rows) if rows else None,
                      hidden_file=last.hidden_file,
@@ -120,13 +132,16 @@ def parse_request(
     Request parameters may carry the boolean flags and any sampling field (as
     in vllm_backend); the `sampling_parameters` tensor wins on conflicts.
     """
+    embed = _embedding_request(scalar(tensors, LLM.EMBEDDING_REQUEST))
     prompt = text(LLM.TEXT_INPUT, scalar(tensors, LLM.TEXT_INPUT))
     ids = token_ids(LLM.PROMPT_TOKEN_IDS, tensors.get(LLM.PROMPT_TOKEN_IDS))
     messages = json_chat(LLM.MESSAGES, scalar(tensors, LLM.MESSAGES), MESSAGES_RULES)
+    if embed is not None:  # vllm_backend embeds `input` and reads no prompt
+        prompt = ids = messages = None
     if messages is not None and (prompt is not None or ids is not None):
         raise RequestError(LLM.MESSAGES, f"send either it or {LLM.TEXT_INPUT} / "
                                          f"{LLM.PROMPT_TOKEN_IDS}, not both")
-    if prompt is None and ids is None and messages is None:
+    if prompt is None and ids is None and messages is None and embed is None:
         raise RequestError(LLM.TEXT_INPUT, f"is required (or send {LLM.PROMPT_TOKEN_IDS} or "
                                            f"{LLM.MESSAGES})")
     if prompt is not None and ids is not None:
@@ -137,6 +152,10 @@ def parse_request(
     if media is not None and prompt is None:
         field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
         raise RequestError(field, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
+    images = None if embed is not None else _images(tensors.get(LLM.IMAGE))
+    if images and (prompt is None or media is not None):
+        raise RequestError(LLM.IMAGE, f"needs a {LLM.TEXT_INPUT} and no "
+                                      f"{LLM.IMAGE_EMBEDS} / {LLM.AUDIO_FEATURES}")
 
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}
@@ -148,16 +167,93 @@ def parse_request(
             params.pop(flag, None)
         if value is not None:
             flags[flag] = _as_bool(flag, value)
+    if flags.get(LLM.STREAM) and flags.get(LLM.EXCLUDE_INPUT_IN_OUTPUT) is False:
+        # vllm_backend's text, verbatim: its clients match on it
+        raise VerbatimRequestError(LLM.EXCLUDE_INPUT_IN_OUTPUT, STREAM_WITH_INPUT)
 
     if flags.get(LLM.HIDDEN_STATES_IN_SHM) and not flags.get(LLM.RETURN_HIDDEN_STATES):
         raise RequestError(LLM.HIDDEN_STATES_IN_SHM, f"needs {LLM.RETURN_HIDDEN_STATES}: true")
+    tensor_json = sampling.parse_json(scalar(tensors, LLM.SAMPLING_PARAMETERS))
+    lora_name = _lora_name(tensor_json.pop(LLM.LORA_NAME, None),
+                           params.pop(LLM.LORA_NAME, None))
     from_params = sampling.coerce(params, source="parameters")
-    from_tensor = sampling.coerce(
-        sampling.parse_json(scalar(tensors, LLM.SAMPLING_PARAMETERS))
-    )
+    from_tensor = sampling.coerce(tensor_json)
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=ids,
-                      media=media, messages=messages, **flags)
+                      media=media, messages=messages, lora_name=lora_name, images=images,
+                      embed=embed, **flags)
+
+
+STREAM_WITH_INPUT = ("Error generating stream: When streaming, `exclude_input_in_output` = "
+                     "False is not allowed.")
+
+
+def _lora_name(from_tensor: Any, from_params: Any) -> str | None:
+    """`lora_name` of the sampling_parameters tensor, else of the request parameters."""
+    name, where = ((from_tensor, f"{sampling.FIELD}.{LLM.LORA_NAME}") if from_tensor is not None
+                   else (from_params, f"parameters.{LLM.LORA_NAME}"))
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise RequestError(where, f"must be a non-empty string (an adapter name of the "
+                                  f"model's multi_lora.json), got {name!r}")
+    return name
+
+
+def _images(arr: np.ndarray | None) -> list[Any] | None:
+    """The `image` elements: base64 of an image file each, opened as RGB PIL images."""
+    if arr is None:
+        return None
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    images = []
+    for i, value in enumerate(np.asarray(arr).reshape(-1)):
+        where = f"{LLM.IMAGE}[{i}]"
+        raw = text(where, value)
+        try:
+            data = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise RequestError(where, f"must be base64 of an image file ({e})") from e
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                images.append(img.convert("RGB"))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise RequestError(where, f"is not an image PIL can open ({e})") from e
+    return images or None
+
+
+def _embedding_request(value: Any) -> EmbedRequest | None:
+    """vllm_backend's `embedding_request` JSON: {"input": text or token ids,
+    "pooling_params": {"dimensions": [n]}} (other pooling_params keys are ignored there too)."""
+    if value is None:
+        return None
+    field = LLM.EMBEDDING_REQUEST
+    try:
+        body = json.loads(text(field, value))
+    except json.JSONDecodeError as e:
+        raise RequestError(field, f"invalid JSON ({e.msg})") from e
+    if not isinstance(body, dict) or "input" not in body:
+        raise RequestError(field, 'must be a JSON object with "input" (text or token ids)')
+    what = body["input"]
+    ok_ids = (isinstance(what, list) and what
+              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in what))
+    if not (isinstance(what, str) and what) and not ok_ids:
+        raise RequestError(f"{field}.input", "must be non-empty text or a non-empty list of "
+                                             f"token ids >= 0, got {what!r}"[:300])
+    pooling = body.get("pooling_params") or {}
+    if not isinstance(pooling, dict):
+        raise RequestError(f"{field}.pooling_params", "must be a JSON object")
+    dims = pooling.get("dimensions")
+    if isinstance(dims, list) and dims:
+        dims = dims[0]
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        raise RequestError(f"{field}.pooling_params.dimensions",
+                           f"must be an integer >= 1 (or a list holding one), got {dims!r}")
+    return EmbedRequest(input=what, dimensions=dims)
 
 
 def token_ids(name: str, arr: np.ndarray | None) -> list[int] | None:

@@ -32,8 +32,7 @@ _NOT_SETTABLE = {
     "prompt_logprob_token_ids",
     "trace_decode_token_ids",
     "routed_experts_prompt_start",
-    # logprobs are not part of this stage's outputs yet
-    "logprobs",
+    # prompt logprobs are not part of this stage's outputs (`logprobs` is: return_logprobs)
     "prompt_logprobs",
     "flat_logprobs",
     "logprob_token_ids",

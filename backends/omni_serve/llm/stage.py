@@ -15,9 +15,10 @@ import logging
 from typing import Any
 
 from omni_serve.contract import LLM
-from omni_serve.errors import RequestError
-from omni_serve.llm import hidden_states, render, sampling
+from omni_serve.errors import RequestError, VerbatimRequestError
+from omni_serve.llm import hidden_states, logprobs, render, sampling
 from omni_serve.llm.engine_host import EngineHost
+from omni_serve.llm.lora import LoraTable
 from omni_serve.llm.media import MediaShapes
 from omni_serve.llm.metrics import Sink, StageMetrics
 from omni_serve.llm.request import LLMOutput, LLMRequest
@@ -35,13 +36,15 @@ class LLMStage:
     """A vLLM engine (its `host`) serving LLM requests; the adapter calls `host.submit`."""
 
     def __init__(self, engine_args: dict[str, Any], *, metrics: StageMetrics | None = None,
-                 name: str = "llm"):
+                 name: str = "llm", loras: LoraTable | None = None, stat_loggers=()):
         if "talker" in engine_args:
             raise ValueError("engine_args 'talker' is not an omni_llm setting: a talker is a "
                              "stage of its own, backend omni_talker")
         self.name = name
         self.host = EngineHost(engine_args, serve=self.serve, aborted=aborted_output, name=name,
-                               metrics=metrics, prompt_field=LLM.TEXT_INPUT)
+                               metrics=metrics, prompt_field=LLM.TEXT_INPUT,
+                               stat_loggers=stat_loggers)
+        self.loras = loras or LoraTable()
         self.media_shapes: MediaShapes | None = None  # None: a text-only model
         self.hidden_size = 0
         self._capture_dir: str | None = None  # where the engine writes hidden states
@@ -69,6 +72,11 @@ class LLMStage:
 
     # --- one request ---------------------------------------------------------------
     async def serve(self, req: LLMRequest, sink: Sink, arrival: float) -> None:
+        self._check_task(req)
+        lora = self.loras.request(req.lora_name)
+        if req.embed is not None:
+            await self._embed(req, sink, lora)
+            return
         capture = None
         try:
             params = sampling.build(req.sampling, stream=req.stream)
@@ -81,10 +89,40 @@ class LLMStage:
             if self.host.aborted(req.request_id):  # aborted while its prompt was rendered
                 sink.send(aborted_output())
                 return
-            await self._stream(req, sink, params, engine_input, arrival, capture)
+            await self._stream(req, sink, params, engine_input, arrival, capture, lora)
         finally:
             if capture is not None:
                 capture.close()
+
+    def _check_task(self, req: LLMRequest) -> None:
+        """vllm_backend's refusal of a request the model's runner cannot serve (its text)."""
+        task = "embed" if req.embed is not None else "generate"
+        if self.host.supported_tasks and task not in self.host.supported_tasks:
+            field = LLM.EMBEDDING_REQUEST if req.embed is not None else LLM.TEXT_INPUT
+            raise VerbatimRequestError(field, f"Model {self.name} does not support '{task}' "
+                                              "request")
+
+    async def _embed(self, req: LLMRequest, sink: Sink, lora) -> None:
+        """vllm_backend's embedding request: one response, the embedding as JSON text."""
+        from vllm.outputs import EmbeddingOutput
+        from vllm.pooling_params import PoolingParams
+
+        what = req.embed.input
+        prompt = {"prompt": what} if isinstance(what, str) else {"prompt_token_ids": what}
+        params = PoolingParams(task="embed", dimensions=req.embed.dimensions)
+        final = None
+        async for out in self.host.engine.encode(prompt, params, req.request_id,
+                                                 lora_request=lora):
+            final = out
+        if final is None:  # aborted before the engine produced it
+            sink.send(aborted_output())
+            return
+        if getattr(final, "error", None) is not None:
+            raise RuntimeError(f"the engine failed the embedding: {final.error}")
+        embedding = EmbeddingOutput.from_base(final.outputs).embedding
+        sink.send(LLMOutput(text="", finish_reason=None,
+                            num_input_tokens=len(final.prompt_token_ids or ()),
+                            num_output_tokens=0, final=True, embedding=embedding))
 
     async def _render(self, req: LLMRequest):
         return await render.render_request(self.host.engine, req, self.media_shapes, self.name)
@@ -104,10 +142,12 @@ class LLMStage:
         return capture
 
     async def _stream(self, req: LLMRequest, sink: Sink, params, engine_input,
-                      arrival: float, capture: hidden_states.CaptureFile | None = None) -> None:
+                      arrival: float, capture: hidden_states.CaptureFile | None = None,
+                      lora=None) -> None:
         first_output = True
+        sent = 0  # output tokens sent so far
         async for out, n_in, n_out in self.host.generate(engine_input, params, req.request_id,
-                                                         arrival, req.stream):
+                                                         arrival, req.stream, lora_request=lora):
             comp = out.outputs[0]
             text = comp.text
             if not req.stream and not req.exclude_input_in_output:
@@ -126,10 +166,13 @@ class LLMStage:
                 if out.finished:
                     capture.completed = comp.finish_reason != "abort"
             sink.send(LLMOutput(text=text, finish_reason=comp.finish_reason,
-                                num_input_tokens=n_in, num_output_tokens=n_out,
+                                num_input_tokens=n_in, num_output_tokens=n_out - sent,
                                 final=out.finished, token_ids=tuple(comp.token_ids),
+                                cumulative_logprob=getattr(comp, "cumulative_logprob", None),
+                                logprobs=logprobs.collect(getattr(comp, "logprobs", None)),
                                 input_token_ids=tuple(out.prompt_token_ids or ())
                                 if req.return_input_token_ids and first_output else None,
                                 hidden=rows, hidden_span=span,
                                 hidden_file=capture.path if span is not None else None))
             first_output = False
+            sent = n_out

@@ -251,9 +251,8 @@ class OmniPipeline:
                     if prompt_ids is None:  # reading aloud, usage counts the text (run)
                         t.prompt_tokens = int(_first(out.get(LLM.NUM_INPUT_TOKENS),
                                                      t.prompt_tokens))
-                        # streamed: each response carries the running count of reply tokens
-                        t.completion_tokens = int(_first(out.get(LLM.NUM_OUTPUT_TOKENS),
-                                                         t.completion_tokens))
+                        # streamed: each response carries the reply tokens it adds
+                        t.completion_tokens += int(_first(out.get(LLM.NUM_OUTPUT_TOKENS), 0))
                     finish = _first(out.get(LLM.FINISH_REASON), "") or finish
                     if rows is not None:
                         if prompt_ids is not None:  # the text's own tokens are the reply

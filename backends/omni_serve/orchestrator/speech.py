@@ -55,9 +55,9 @@ class ThinkerRows(ThinkerReply):
         new = out.get(LLM.TOKEN_IDS)
         if new is not None:
             self.reply_ids.extend(int(i) for i in np.asarray(new).reshape(-1))
-        count = out.get(LLM.NUM_OUTPUT_TOKENS)
+        count = out.get(LLM.NUM_OUTPUT_TOKENS)  # the reply tokens this response adds
         if count is not None:
-            self.reply_tokens = int(np.asarray(count).reshape(-1)[0])
+            self.reply_tokens += int(np.asarray(count).reshape(-1)[0])
         if self.feed.talker_ready(self):
             self.ready.set()
 
