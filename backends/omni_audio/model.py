@@ -1,10 +1,11 @@
 """Triton adapter of the audio generator (`backend: "omni_audio"`), loaded by the Python stub.
 
 Thin by design: Triton's dynamic batcher hands execute() a list of chunk
-requests (codec tokens, left-context count, voice, seed); each is parsed on
-its own (a bad one gets its own INVALID_ARG response), the good ones run
-through AudioRunner (equal-length chunks share one Token2Wav call) and each
-gets its waveform (`audio_chunk` [1, n] float32) and `sample_rate` [1, 1].
+requests (codec codes [frames, groups], context counts, voice, seed); each is
+parsed on its own (a bad one gets its own INVALID_ARG response), the good ones
+run through AudioRunner (equal-length chunks share one call of the checkpoint
+family's codec decoder) and each gets its waveform (`audio_chunk` [1, n]
+float32) and `sample_rate` [1, 1].
 """
 from __future__ import annotations
 

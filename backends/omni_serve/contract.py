@@ -78,8 +78,8 @@ REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"
 ENABLE_VLLM_HEALTH_CHECK = "ENABLE_VLLM_HEALTH_CHECK"
 
 
-# Placeholder tokens of multimodal prompts (Qwen2.5-Omni names): a prompt has one
-# per image (audio clip); the engine expands it to one token per embedding row.
+# Placeholder tokens of multimodal prompts (the omni thinkers' chat templates' names): a
+# prompt has one per image (audio clip); the engine expands it to one token per embedding row.
 IMAGE_PLACEHOLDER = "<|IMAGE|>"
 AUDIO_PLACEHOLDER = "<|AUDIO|>"
 
@@ -211,7 +211,7 @@ TALKER_CONTRACT = StageContract(
     outputs=(
         TensorSpec(TALKER.CODEC_IDS, "TYPE_INT64", (-1, -1),
                    doc="the new codec codes, [frames, groups] (groups: the family's "
-                       "codebooks; 1 for Qwen2.5-Omni)"),
+                       "codebooks, its speech feed's codec_groups)"),
         TensorSpec(TALKER.FINISH_REASON, "TYPE_STRING", (1,),
                    doc="on the last response: stop, length or abort"),
     ),
@@ -311,19 +311,22 @@ AUDIO_CONTRACT = StageContract(
     backend="omni_audio",
     batching="triton",
     inputs=(
-        TensorSpec(AUDIO.CODEC_TOKENS, "TYPE_INT64", (-1,), ragged=True,
-                   doc="left-context codes followed by the codes of this chunk"),
+        TensorSpec(AUDIO.CODEC_TOKENS, "TYPE_INT64", (-1, -1), ragged=True,
+                   doc="codec codes, [frames, groups] (groups: the family's codebooks): "
+                       "left-context frames, the frames of this chunk, right-context frames"),
         TensorSpec(AUDIO.CONTEXT_TOKENS, "TYPE_INT32", (1,), optional=True,
-                   doc="how many leading codes are context only (default 0)"),
+                   doc="how many leading frames are context only (default 0)"),
         TensorSpec(AUDIO.LOOKAHEAD_TOKENS, "TYPE_INT32", (1,), optional=True,
-                   doc="how many trailing codes are right context only (default 0)"),
+                   doc="how many trailing frames are right context only (default 0)"),
         TensorSpec(AUDIO.CODE_OFFSET, "TYPE_INT64", (1,), optional=True,
-                   doc="stream position of the first code sent: with one seed per stream, a "
-                       "chunk then starts from the noise the whole utterance would (default 0)"),
+                   doc="stream position of the first frame sent: with one seed per stream, a "
+                       "sampling decoder's chunk then starts from the noise the whole utterance "
+                       "would (default 0)"),
         TensorSpec(AUDIO.SPEAKER, "TYPE_STRING", (1,), optional=True,
-                   doc="voice name (default: the stage's default speaker)"),
+                   doc="voice name (default: the stage's default speaker; a decoder without "
+                       "voices takes none)"),
         TensorSpec(AUDIO.SEED, "TYPE_INT64", (1,), optional=True,
-                   doc="seed of the flow-matching noise (same audio alone or batched)"),
+                   doc="seed of a sampling decoder's noise (same audio alone or batched)"),
     ),
     outputs=(
         TensorSpec(AUDIO.AUDIO_CHUNK, "TYPE_FP32", (-1,), doc="mono PCM in [-1, 1]"),

@@ -771,6 +771,11 @@ def encoder_recipe(model: Model, modality: str) -> Recipe:
 AUDIO_CODES = list(range(1, 9))
 
 
+def frames(codes) -> T:
+    """Codec codes as the audio decoder takes them: [frames, 1], one code a frame."""
+    return T(ints(codes).array.reshape(-1, 1), "INT64")
+
+
 def audio_decoder_recipe(model: Model) -> Recipe:
     def check(outcome: Outcome) -> None:
         _ok(outcome)
@@ -780,17 +785,18 @@ def audio_decoder_recipe(model: Model) -> Recipe:
 
     n = len(AUDIO_CODES)
     r = Recipe("audio decoder", model,
-               lambda: {"codec_tokens": ints(AUDIO_CODES), "seed": one(3, "INT64")}, check,
+               lambda: {"codec_tokens": frames(AUDIO_CODES), "seed": one(3, "INT64")}, check,
                outputs=("audio_chunk", "sample_rate"))
     bad_code = st.one_of(st.integers(-(2**63), -1), st.integers(2**31, 2**63 - 1))
     r.values = {
         "codec_tokens": st.one_of(
             st.tuples(st.integers(0, n - 1), bad_code).map(lambda ib: r.attack(
-                "codec_tokens", ints(AUDIO_CODES[:ib[0]] + [ib[1]] + AUDIO_CODES[ib[0] + 1:]),
+                "codec_tokens", frames(AUDIO_CODES[:ib[0]] + [ib[1]] + AUDIO_CODES[ib[0] + 1:]),
                 f"code {ib[1]} at {ib[0]}")),
-            st.just(r.attack("codec_tokens", ints([]), "empty")),
+            st.just(r.attack("codec_tokens", frames([]), "empty")),
+            st.just(r.attack("codec_tokens", ints(AUDIO_CODES), "[frames] without the groups")),
             st.integers(100_000, 200_000).map(lambda k: r.attack(
-                "codec_tokens", ints(np.ones(k, np.int64)), f"{k} codes"))),
+                "codec_tokens", frames(np.ones(k, np.int64)), f"{k} frames"))),
         "context_tokens": r.values_of("context_tokens", never_int(0, n - 1),
                                       lambda v: one(v, "INT32"), "context"),
         "lookahead_tokens": r.values_of("lookahead_tokens", never_int(0, n - 1),

@@ -1,7 +1,8 @@
-"""Stage logic of the omni_audio Token2Wav stage: config, request parsing, chunk plans, batched runs.
+"""Stage logic of the omni_audio stage: config, request parsing, chunk plans, batched runs.
 
-Runs the tiny random-weight Qwen2.5-Omni checkpoint's Token2Wav (480 samples
-per code at 24 kHz) on CPU, with 3 ODE time points except where the model's
+Runs the tiny random-weight Qwen2.5-Omni checkpoint's Token2Wav, the family's
+codec decoder (families/qwen2_5_omni/token2wav.py; 480 samples per code at
+24 kHz), on CPU, with 3 ODE time points except where the model's
 own settings are the point (goldens against transformers, chunking). Batched
 and lone runs are compared with a tolerance of 1e-5 on samples in [-1, 1]:
 oneDNN convolutions and GEMMs sum in another order for another batch size
@@ -27,14 +28,17 @@ from omni_serve.audio.request import (
     ChunkContext,
     ChunkSpan,
     chunk_plan,
-    dit_context_codes,
-    ode_dit_passes,
     parse_request,
-    vocoder_context_frames,
 )
-from omni_serve.audio.runner import AudioRunner, real_time_factor, sample_mel
+from omni_serve.audio.runner import AudioRunner, real_time_factor
 from omni_serve.contract import AUDIO, ENGINE_ARGS_FILE
 from omni_serve.errors import RequestError
+from omni_serve.families.qwen2_5_omni.token2wav import sample_mel
+from omni_serve.families.qwen2_5_omni.token2wav_context import (
+    dit_context_codes,
+    ode_dit_passes,
+    vocoder_context_frames,
+)
 from omni_tools.tiny_token2wav import TINY_BIGVGAN, TINY_DIT
 
 torch.set_num_threads(1)
@@ -45,11 +49,15 @@ SPC = 480  # samples per code of the real architecture (2 mel frames x 240)
 LIMITS = AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"), default_speaker="Chelsie",
                      max_codec_tokens=64)
 RNG = np.random.default_rng(0)
-STREAM = RNG.integers(0, 512, 96)
+STREAM = RNG.integers(0, 512, (96, 1))  # [frames, 1]: one code a frame
 
 
 def tensors(codes=(1, 2, 3), **extra) -> dict[str, np.ndarray | None]:
-    out: dict[str, np.ndarray | None] = {AUDIO.CODEC_TOKENS: None if codes is None else np.asarray(codes)}
+    """The request's tensors; a flat list of codes is sent as [frames, 1]."""
+    if codes is not None:
+        codes = np.asarray(codes)
+        codes = codes.reshape(-1, 1) if codes.ndim == 1 else codes
+    out: dict[str, np.ndarray | None] = {AUDIO.CODEC_TOKENS: codes}
     dtypes = {AUDIO.CONTEXT_TOKENS: np.int32, AUDIO.SEED: np.int64, AUDIO.CODE_OFFSET: np.int64}
     for name, value in extra.items():
         if isinstance(value, str):
@@ -82,8 +90,8 @@ def test_config_defaults_and_unknown_keys_are_an_error():
 
 # --- request parsing ---------------------------------------------------------------
 def test_defaults_fill_missing_fields():
-    r = parse_request(tensors([[5, 6, 7]]), LIMITS)  # [1, n] as the batcher delivers it
-    assert r.codes.tolist() == [5, 6, 7] and r.codes.dtype == np.int64
+    r = parse_request(tensors([[[5], [6], [7]]]), LIMITS)  # [1, frames, 1] as the batcher delivers it
+    assert r.codes.tolist() == [[5], [6], [7]] and r.codes.dtype == np.int64
     assert (r.context, r.speaker, r.offset, r.lookahead, r.new_codes) == (0, "Chelsie", 0, 0, 3)
     assert parse_request(tensors(), LIMITS).seed != parse_request(tensors(), LIMITS).seed
 
@@ -95,12 +103,14 @@ def test_given_fields_are_kept():
 
 @pytest.mark.parametrize(("inputs", "field", "message"), [
     (tensors(None), AUDIO.CODEC_TOKENS, "is required"),
-    (tensors(np.zeros((1, 0), np.int64)), AUDIO.CODEC_TOKENS, "must not be empty"),
-    (tensors([[1, 2], [3, 4]]), AUDIO.CODEC_TOKENS, r"expected shape \[n\] or \[1, n\], got \[2, 2\]"),
+    (tensors(np.zeros((1, 0, 1), np.int64)), AUDIO.CODEC_TOKENS, "must not be empty"),
+    (tensors([[1, 2], [3, 4]]), AUDIO.CODEC_TOKENS, r"expected shape \[frames, 1\] .* got \[2, 2\]"),
+    (tensors() | {AUDIO.CODEC_TOKENS: np.arange(3)}, AUDIO.CODEC_TOKENS,
+     r"expected shape \[frames, 1\] \(1 code a frame\), got \[3\]"),
     (tensors([1.0, 2.0]), AUDIO.CODEC_TOKENS, "must be integers"),
-    (tensors([3, 512]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got 512 at index 1"),
-    (tensors([-1, 4]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got -1 at index 0"),
-    (tensors(range(65)), AUDIO.CODEC_TOKENS, "at most 64 codes per request .* got 65"),
+    (tensors([3, 512]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got 512 at frame 1"),
+    (tensors([-1, 4]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got -1 at frame 0"),
+    (tensors(range(65)), AUDIO.CODEC_TOKENS, "at most 64 frames per request .* got 65"),
     (tensors(context_tokens=-1), AUDIO.CONTEXT_TOKENS, "must be between 0 and 2 .* got -1"),
     (tensors(context_tokens=3), AUDIO.CONTEXT_TOKENS, "must be between 0 and 2 .* got 3"),
     (tensors(speaker="Nobody"), AUDIO.SPEAKER, "unknown voice 'Nobody'; known voices: Chelsie, Ethan"),
@@ -193,13 +203,14 @@ def test_with_that_context_every_voiced_frame_sees_its_whole_decode_blocks(dit):
 
 def test_the_vocoder_field_is_what_its_convolutions_read(runner):
     """Moving a mel frame just outside the field leaves a frame's samples bit-identical."""
-    before, after = vocoder_context_frames(runner.model.config.bigvgan_config)
-    vocoder = runner.vocoder.double()
+    t2w = runner.decoder
+    before, after = vocoder_context_frames(t2w.model.config.bigvgan_config)
+    vocoder = t2w.vocoder.double()
     try:
         captured: list[torch.Tensor] = []
         handle = vocoder.conv_post.register_forward_hook(lambda _m, _i, out: captured.append(out))
         mel = torch.randn(1, 80, 100, generator=torch.Generator().manual_seed(0), dtype=torch.float64) - 3
-        frame, spf = 50, runner.samples_per_frame
+        frame, spf = 50, t2w.samples_per_mel_frame
         with torch.inference_mode():
             vocoder(mel)
             for moved, inside in ((frame - before - 1, False), (frame + after + 1, False),
@@ -211,7 +222,7 @@ def test_the_vocoder_field_is_what_its_convolutions_read(runner):
         handle.remove()
         assert [not torch.equal(o, base) for o in outs] == [False, False, True, True]
     finally:
-        runner.vocoder.float()
+        t2w.vocoder.float()
 
 
 # --- runner ------------------------------------------------------------------------
@@ -240,9 +251,10 @@ def test_runner_reads_limits_and_timing_from_the_checkpoint(runner, own_runner):
     assert runner.limits == AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"),
                                         default_speaker="Chelsie", max_codec_tokens=128,
                                         max_utterance_codes=16384)
-    assert (runner.sample_rate, runner.samples_per_code, runner.block_codes) == (24000, SPC, 12)
+    assert (runner.sample_rate, runner.samples_per_code, runner.context.align) == (24000, SPC, 12)
     assert runner.context == ChunkContext(21, 32, 12)
-    assert (own_runner.num_steps, own_runner.guidance_scale, own_runner.sway_coefficient) == (10, 0.5, -1.0)
+    own = own_runner.decoder
+    assert (own.num_steps, own.guidance_scale, own.sway_coefficient) == (10, 0.5, -1.0)
     assert real_time_factor(0.5, 24000, runner.sample_rate) == 0.5
 
 
@@ -261,7 +273,7 @@ def _copy(folder: Path, out: Path, *, drop_file: str | None = None, drop_key: st
 def test_runner_rejects_settings_the_checkpoint_cannot_serve(tiny_omni_checkpoint, tmp_path):
     with pytest.raises(ValueError, match="default_speaker='Nobody' .* known voices: Chelsie, Ethan"):
         AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), default_speaker="Nobody"))
-    with pytest.raises(ValueError, match="max_codec_tokens=20000 exceeds .* 16384 codes"):
+    with pytest.raises(ValueError, match="max_codec_tokens=20000 exceeds the 16384 frames"):
         AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), max_codec_tokens=20000))
     with pytest.raises(FileNotFoundError, match="spk_dict.pt is missing"):
         AudioRunner(AudioStageConfig(model=str(_copy(tiny_omni_checkpoint, tmp_path / "a",
@@ -272,7 +284,7 @@ def test_runner_rejects_settings_the_checkpoint_cannot_serve(tiny_omni_checkpoin
     other = tmp_path / "qwen2"
     other.mkdir()
     (other / "config.json").write_text('{"model_type": "qwen2"}')
-    with pytest.raises(ValueError, match="has no token2wav_config \\(model_type 'qwen2'\\)"):
+    with pytest.raises(ValueError, match="model_type 'qwen2' is not a model family this server serves"):
         AudioRunner(AudioStageConfig(model=str(other)))
 
 
@@ -289,7 +301,7 @@ def test_a_whole_utterance_is_what_transformers_token2wav_gives(own_runner, refe
     (got,) = own_runner.run([AudioRequest(codes=STREAM[:n], context=0, speaker=speaker, seed=23)])
     torch.manual_seed(23)
     with torch.inference_mode():
-        want = model.token2wav(torch.from_numpy(STREAM[None, :n]), conditioning=voices[speaker]["cond"],
+        want = model.token2wav(torch.from_numpy(STREAM[None, :n, 0]), conditioning=voices[speaker]["cond"],
                                reference_mel=voices[speaker]["ref_mel"]).numpy()
     assert got.shape == want.shape == (n * SPC,)
     assert np.abs(got - want).max() <= 1e-4 and want.std() > 0.01
@@ -298,20 +310,21 @@ def test_a_whole_utterance_is_what_transformers_token2wav_gives(own_runner, refe
 def test_unknown_speaker_names_the_checkpoint_voices(runner):
     with pytest.raises(RequestError, match="unknown voice 'Nobody'; known voices: Chelsie, Ethan"):
         parse_request(tensors(speaker="Nobody"), runner.limits)
-    with pytest.raises(RequestError, match="must be between 0 and 16381 .* at most 16384 codes"):
+    with pytest.raises(RequestError, match="must be between 0 and 16381 .* at most 16384 frames"):
         parse_request(tensors(code_offset=16382), runner.limits)
 
 
 def test_sampler_matches_the_library_forward_given_the_same_noise(runner):
-    voice = runner.voices["Ethan"]
-    codes = torch.from_numpy(STREAM[None, :12])
+    t2w = runner.decoder
+    voice = t2w.voices_by_name["Ethan"]
+    codes = torch.from_numpy(STREAM[None, :12, 0])
     torch.manual_seed(5)
-    noise = torch.randn(1, 24, runner.mel_dim)
+    noise = torch.randn(1, 24, t2w.mel_dim)
     torch.manual_seed(5)
     with torch.inference_mode():
-        want = runner.model(codes, voice.cond, voice.ref_mel, num_steps=STEPS)
-        got = runner.vocoder(sample_mel(runner.dit, voice.cond, voice.ref_mel, codes, noise, num_steps=STEPS,
-                                        guidance_scale=0.5, sway_coefficient=-1.0))
+        want = t2w.model(codes, voice.cond, voice.ref_mel, num_steps=STEPS)
+        got = t2w.vocoder(sample_mel(t2w.dit, voice.cond, voice.ref_mel, codes, noise, num_steps=STEPS,
+                                     guidance_scale=0.5, sway_coefficient=-1.0))
     assert torch.equal(want, got)
 
 
@@ -377,13 +390,14 @@ def test_cpu_randn_of_mel_rows_is_prefix_stable(frames):
 
 
 def test_noise_is_the_rows_of_the_utterance_draw_transformers_makes(runner):
+    t2w = runner.decoder
     torch.manual_seed(11)
-    utterance = torch.randn([1, 100 * 2, runner.mel_dim])[0]  # what sample() draws for 100 codes
-    assert torch.equal(runner.initial_noise(11, 0, 100), utterance)
-    assert torch.equal(runner.initial_noise(11, 61, 29), utterance[122:180])
-    assert not torch.equal(runner.initial_noise(12, 61, 29), utterance[122:180])
-    assert torch.equal(runner.initial_noise(-3, 0, 5), torch.randn(1, 10, 80, generator=torch.Generator()
-                                                                   .manual_seed(-3))[0])
+    utterance = torch.randn([1, 100 * 2, t2w.mel_dim])[0]  # what sample() draws for 100 codes
+    assert torch.equal(t2w.initial_noise(11, 0, 100), utterance)
+    assert torch.equal(t2w.initial_noise(11, 61, 29), utterance[122:180])
+    assert not torch.equal(t2w.initial_noise(12, 61, 29), utterance[122:180])
+    assert torch.equal(t2w.initial_noise(-3, 0, 5), torch.randn(1, 10, 80, generator=torch.Generator()
+                                                                .manual_seed(-3))[0])
 
 
 def test_chunks_with_the_checkpoint_context_match_the_whole_decode(own_runner):
@@ -401,7 +415,7 @@ def test_chunks_with_the_checkpoint_context_match_the_whole_decode(own_runner):
 
     # measured (96 codes, chunks of 24, 10 steps): 95 dB one pass, 116 dB two, 52 dB DiT-only
     assert streamed(own_runner.context) > 80
-    assert streamed(dit_context_codes(own_runner.model.config.dit_config)) < 70  # the vocoder matters
+    assert streamed(dit_context_codes(own_runner.decoder.model.config.dit_config)) < 70  # the vocoder matters
 
 
 # --- Triton adapter (with a stand-in for triton_python_backend_utils) --------------------
@@ -465,8 +479,8 @@ def test_adapter_answers_each_request_and_adds_the_batch_dimension(tiny_omni_che
     model = module.TritonPythonModel()
     model.initialize({"model_name": "audio", "model_repository": str(tmp_path)})
 
-    good = tensors([STREAM[:10]], context_tokens=2, seed=1)
-    out = model.execute([good, tensors([[600]]), tensors([STREAM[:10]], speaker="Ethan", seed=1)])
+    good = tensors([STREAM[:10]], context_tokens=2, seed=1)  # [1, frames, 1] with the batch dimension
+    out = model.execute([good, tensors([[[600]]]), tensors([STREAM[:10]], speaker="Ethan", seed=1)])
     assert out[0].error is None and out[0].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 8 * SPC)
     assert out[0].outputs[AUDIO.AUDIO_CHUNK].dtype == np.float32
     assert out[0].outputs[AUDIO.SAMPLE_RATE].tolist() == [[24000]]

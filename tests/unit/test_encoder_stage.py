@@ -41,8 +41,9 @@ from transformers import (
 )
 
 from omni_serve.encoder.config import EncoderStageConfig
-from omni_serve.encoder.runner import EncoderOutput, EncoderRunner, audio_tokens
+from omni_serve.encoder.runner import EncoderOutput, EncoderRunner
 from omni_serve.errors import RequestError
+from omni_serve.families.qwen2_5_omni.media_tokens import Qwen25OmniMediaTokens
 from omni_tools import tiny_omni as to
 
 torch.set_num_threads(1)
@@ -165,9 +166,10 @@ def test_runner_rejects_audio_limit_beyond_the_feature_extractor(tiny_thinker: P
 
 
 def test_runner_uses_the_checkpoints_torchvision_image_processor(image_runner, processor) -> None:
-    assert type(image_runner.processor) is type(processor.image_processor)
-    assert type(image_runner.processor).__name__ == "Qwen2VLImageProcessor"
-    assert image_runner.processor.to_dict() == processor.image_processor.to_dict()
+    own = image_runner.encoder.processor
+    assert type(own) is type(processor.image_processor)
+    assert type(own).__name__ == "Qwen2VLImageProcessor"
+    assert own.to_dict() == processor.image_processor.to_dict()
 
 
 # --- image rows == the thinker's image features ------------------------------------------------------
@@ -259,7 +261,8 @@ def test_one_second_of_audio_gives_25_tokens(audio_runner) -> None:
 def test_audio_tokens_is_the_thinkers_output_length(thinker) -> None:
     frames = torch.arange(3, 3001)
     _, want = thinker.audio_tower._get_feat_extract_output_lengths(frames)
-    assert [audio_tokens(int(n)) for n in frames] == want.tolist()
+    count = Qwen25OmniMediaTokens().audio_tokens
+    assert [count(int(n)) for n in frames] == want.tolist()
 
 
 # --- batched == alone ---------------------------------------------------------------------------

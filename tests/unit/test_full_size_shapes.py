@@ -251,9 +251,9 @@ def talker_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.
 
 
 def encoder_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.Module, LoadTrace]:
-    """The image encoder's vision tower, loaded by encoder/runner.py from the checkpoint folder."""
-    from omni_serve.encoder import runner
+    """The image encoder's vision tower, loaded by the family's encoders.py from the checkpoint folder."""
     from omni_serve.encoder.config import EncoderStageConfig
+    from omni_serve.families.qwen2_5_omni import encoders
 
     monkeypatch.setattr("safetensors.safe_open", FakeSafetensors(omni.tensors))
     # the runner moves the tower to cfg.device; "meta" keeps it weightless (not a value users may set)
@@ -261,18 +261,18 @@ def encoder_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn
                                              device="meta")
     trace = LoadTrace(omni.tensors)
     with torch.device("meta"), trace:
-        tower = runner._load_vision_tower(cfg, runner.load_thinker_config(omni.folder))
+        tower = encoders.load_vision_tower(cfg, encoders.load_thinker_config(omni.folder))
     return tower, trace
 
 
 def audio_stage(omni: Omni, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.Module, LoadTrace]:
-    """Token2Wav, loaded by audio/runner.py from the checkpoint folder."""
-    from omni_serve.audio import runner
+    """Token2Wav, loaded by the family's token2wav.py from the checkpoint folder."""
+    from omni_serve.families.qwen2_5_omni import token2wav
 
     monkeypatch.setattr("safetensors.safe_open", FakeSafetensors(omni.tensors))
     trace = LoadTrace(omni.tensors)
     with torch.device("meta"), trace:
-        model, *_ = runner.load_token2wav(omni.folder, "cpu")
+        model, *_ = token2wav.load_token2wav(omni.folder, "cpu")
     return model, trace
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from omni_serve import families
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
 from omni_serve.llm.media import MediaShapes, multi_modal_data
 from omni_serve.llm.request import parse_request
 
-SHAPES = MediaShapes(hidden_size=8, merge=2, mel_bins=4)
+TOKENS = families.get("qwen2_5_omni").media_tokens
+SHAPES = MediaShapes(hidden_size=8, merge=2, mel_bins=4, tokens=TOKENS)
 PROMPT = "<|audio_bos|><|AUDIO|><|audio_eos|><|vision_bos|><|IMAGE|><|vision_eos|>hi"
 
 
@@ -107,7 +109,7 @@ def test_shapes_come_from_a_full_qwen25_omni_config():
     from transformers import Qwen2_5OmniConfig
 
     shapes = MediaShapes.from_hf_config(Qwen2_5OmniConfig())
-    assert shapes == MediaShapes(hidden_size=3584, merge=2, mel_bins=128)
+    assert shapes == MediaShapes(hidden_size=3584, merge=2, mel_bins=128, tokens=TOKENS)
     from transformers import Qwen2Config
 
     assert MediaShapes.from_hf_config(Qwen2Config()) is None

@@ -160,17 +160,18 @@ def _resolve_model(spec: PipelineSpec, name: str, stage: StageSpec) -> Path:
 
 
 def _decoder_context(folder: Path) -> dict[str, int]:
-    """The chunk context the audio decoder's checkpoint needs (see dit_context_codes)."""
-    from omni_serve.audio.request import dit_context_codes
-
+    """The chunk context the audio decoder's checkpoint needs, as its model family computes it
+    from config.json (`Family.decoder_context`); {} for a folder of no family or no decoder."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        family = families.for_config(config)
     except (OSError, ValueError):
         return {}
-    t2w = config.get("token2wav_config", config)
-    if "dit_config" not in t2w:
+    if family.decoder_context is None:
         return {}
-    ctx = dit_context_codes(t2w["dit_config"], t2w.get("bigvgan_config"))
+    ctx = families.load(family.decoder_context)(config)
+    if ctx is None:
+        return {}
     return {"left_context_codes": ctx.left, "right_context_codes": ctx.right,
             "align_codes": ctx.align}
 

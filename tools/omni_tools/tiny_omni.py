@@ -355,7 +355,7 @@ def build_omni_checkpoint(out: Path, *, token2wav_dir: Path, seed: int = DEFAULT
         Qwen2_5OmniToken2WavModel,
     )
 
-    from omni_serve.audio.runner import SPEAKERS_FILE
+    from omni_serve.families.qwen2_5_omni.token2wav import SPEAKERS_FILE
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from omni_serve.audio.runner import SPEAKERS_FILE, SPEAKERS_INDEX
+from omni_serve.families.qwen2_5_omni.token2wav import SPEAKERS_FILE, SPEAKERS_INDEX
 
 SAMPLE_RATE = 24_000  # Qwen2.5-Omni's output rate: 240 samples per mel frame x 100 frames/s
 VOICES = ("Chelsie", "Ethan")

@@ -16,16 +16,17 @@ Modality = Literal["image", "audio"]
 class EncoderStageConfig(BaseModel):
     """Typed engine.json of a modality encoder stage; unknown keys are an error.
 
-    `model` is a Qwen2.5-Omni checkpoint directory (the whole model as the hub
-    ships it, or a thinker alone). An image stage loads the image processor
-    and the vision tower from it; an audio stage only the feature extractor
-    (the thinker engine runs the audio tower), so `dtype` and `device` do not
-    matter there.
+    `model` is a checkpoint directory of a model family with media encoders
+    (omni_serve.families; the whole model as the hub ships it, or a thinker
+    alone). The family's encoder of the stage's modality loads its part: for
+    images the image processor and the vision tower; for audio, where the
+    thinker engine runs the audio tower, only the feature extractor, so
+    `dtype` and `device` do not matter there.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = Field(min_length=1, description="Qwen2.5-Omni thinker checkpoint directory")
+    model: str = Field(min_length=1, description="omni thinker checkpoint directory")
     modality: Modality
     dtype: Dtype = "float32"
     device: Literal["cpu", "cuda"] = "cpu"

@@ -1,44 +1,34 @@
 """The omni_encoder runner: media bytes -> what the thinker engine takes (Triton stub, tests).
 
 Flow: Triton's dynamic batcher hands the adapter a list of requests, one
-media item each. `EncoderRunner.run` decodes and preprocesses every item on
-its own (a bad one gets its own RequestError) with the checkpoint's own
-processors, then:
-- images: the good ones go through the Qwen2.5-Omni vision tower in ONE
-  forward, exactly as the thinker's `get_image_features` does, and the rows
-  are split back per item (one image token of the prompt per row), each with
-  its patch grid;
-- audio: each clip's log-mel features, as Qwen2_5OmniProcessor computes
-  them. The audio tower runs in the thinker engine: vLLM 0.32's Qwen2.5-Omni
-  model takes audio as features only (it has no audio-embeddings input).
+media item each. `EncoderRunner.run` decodes every item on its own
+(omni_serve.encoder.media: a PIL RGB image, or float32 mono samples at the
+stage's rate; a bad one gets its own RequestError), has the checkpoint
+family's encoder prepare it (its processor), then encodes the good ones in
+one call (images: one tower forward, rows split back per item; audio: the
+features themselves for families whose thinker engine runs the audio tower)
+and retries one by one if that call fails.
 
-Only the stage's part of the checkpoint is loaded (the `visual` tower and the
-image processor, or the feature extractor alone); the checkpoint may be a
-thinker-only one or a full Qwen2.5-Omni one (`thinker.`-prefixed).
+The model family comes from the checkpoint folder's config.json
+(`families.for_checkpoint`); its `MediaEncoder` for the stage's modality
+loads only its part of the folder and counts each item's prompt tokens.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from omni_serve import families
+from omni_serve.batching import isolate
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.media import decode_audio, decode_image
-from omni_serve.errors import RequestError
+from omni_serve.families import MediaEncoder
 
 logger = logging.getLogger(__name__)
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-THINKER_MODEL_TYPE = "qwen2_5_omni_thinker"
 
 
 @dataclass(frozen=True)
@@ -51,211 +41,44 @@ class EncoderOutput:
     features: np.ndarray | None = None  # audio: (mel bins, frames) float32
 
 
-def audio_tokens(frames: int) -> int:
-    """Prompt tokens of `frames` log-mel frames: the Qwen2.5-Omni audio tower's two
-    stride-2 steps (its conv, then its pooling), as `_get_feat_extract_output_lengths`."""
-    after_conv = (frames - 1) // 2 + 1
-    return (after_conv - 2) // 2 + 1
+def load_encoder(cfg: EncoderStageConfig) -> MediaEncoder:
+    """The `cfg.modality` encoder of the checkpoint family of `cfg.model`.
 
-
-# --- checkpoint layout ----------------------------------------------------------------
-
-
-def load_thinker_config(model_dir: str | Path) -> Any:
-    """The Qwen2_5OmniThinkerConfig of a thinker checkpoint or of a full Qwen2.5-Omni one."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
-    thinker = getattr(config, "thinker_config", config)
-    if getattr(thinker, "model_type", None) != THINKER_MODEL_TYPE:
-        raise ValueError(f"{model_dir} is a {config.model_type!r} checkpoint; the omni encoder needs a "
-                         f"Qwen2.5-Omni thinker ({THINKER_MODEL_TYPE!r}) or a full Qwen2.5-Omni checkpoint")
-    return thinker
-
-
-def thinker_tensor_files(model_dir: str | Path) -> tuple[dict[str, Path], str]:
-    """({tensor name: safetensors file}, prefix of the thinker's tensors: "thinker." or "")."""
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = {name: model_dir / file for name, file in weight_map.items()}
-    else:
-        from safetensors import safe_open
-
-        files = {}
-        for path in sorted(model_dir.glob("*.safetensors")):
-            with safe_open(path, "pt") as f:
-                files.update(dict.fromkeys(f.keys(), path))
-    if not files:
-        raise ValueError(f"{model_dir} has no safetensors weights")
-    prefix = "thinker." if any(name.startswith("thinker.") for name in files) else ""
-    return files, prefix
-
-
-def load_thinker_module(model_dir: str | Path, module: str) -> dict[str, torch.Tensor]:
-    """The state dict of the thinker's submodule `module` (e.g. "visual"), read alone."""
-    from safetensors import safe_open
-
-    files, prefix = thinker_tensor_files(model_dir)
-    head = f"{prefix}{module}."
-    by_file: dict[Path, list[str]] = {}
-    for name, path in files.items():
-        if name.startswith(head):
-            by_file.setdefault(path, []).append(name)
-    if not by_file:
-        raise ValueError(f"{model_dir} has no {head}* weights")
-    state = {}
-    for path, names in by_file.items():
-        with safe_open(path, "pt") as f:
-            for name in names:
-                state[name[len(head):]] = f.get_tensor(name)
-    return state
-
-
-def _load_vision_tower(cfg: EncoderStageConfig, thinker_config: Any) -> torch.nn.Module:
-    from transformers.initialization import no_init_weights
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
-
-    cls, sub_config = Qwen2_5OmniVisionEncoder, thinker_config.vision_config
-    dtype = TORCH_DTYPES[cfg.dtype]
-    with no_init_weights():  # every parameter comes from the checkpoint below
-        tower = cls._from_config(sub_config, dtype=dtype)
-    state = load_thinker_module(cfg.model, "visual")
-    missing, unexpected = tower.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{cfg.model}: the visual weights do not fit "
-                         f"{cls.__name__} (missing {missing[:5]}, unexpected {unexpected[:5]})")
-    return tower.to(device=cfg.device, dtype=dtype).eval()
-
-
-# --- runner ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    features: np.ndarray  # image: (patches, patch_dim); audio: (mel, frames)
-    grid_thw: np.ndarray | None  # image: int64 (3,)
-    tokens: int
+    Raises:
+        ValueError: the folder is not a family's, or its family has no encoders for it.
+    """
+    family = families.for_checkpoint(cfg.model)
+    if family.encoders is None:
+        raise ValueError(f"{cfg.model}: model family {family.name!r} ({family.title}) has no media "
+                         "encoders")
+    return families.load(family.encoders)(cfg)
 
 
 class EncoderRunner:
-    """Owns the vision tower and image processor, or the audio feature extractor."""
+    """Owns the family's encoder of one modality (e.g. a vision tower and its image processor)."""
 
     def __init__(self, cfg: EncoderStageConfig):
         self.cfg = cfg
         self.modality = cfg.modality
         torch.set_num_threads(cfg.torch_threads)
-        thinker_config = load_thinker_config(cfg.model)
-        self.hidden_size = int(thinker_config.text_config.hidden_size)
-        self.tower = None
-        if cfg.modality == "image":
-            from transformers import AutoImageProcessor
-
-            # the checkpoint's own (Qwen2VLImageProcessor on torchvision), as its
-            # Qwen2_5OmniProcessor and vLLM resize: other resizers give other pixels
-            self.processor = AutoImageProcessor.from_pretrained(cfg.model)
-            self.merge = int(thinker_config.vision_config.spatial_merge_size)
-            self.tower = _load_vision_tower(cfg, thinker_config)
-            out_dim = thinker_config.vision_config.out_hidden_size
-            if out_dim != self.hidden_size:
-                raise ValueError(f"{cfg.model}: the visual tower emits {out_dim}-wide rows but the "
-                                 f"text model is {self.hidden_size} wide")
-        else:
-            from transformers import WhisperFeatureExtractor
-
-            self.processor = WhisperFeatureExtractor.from_pretrained(cfg.model)
-            self._check_audio_processor()
-            bins = int(thinker_config.audio_config.num_mel_bins)
-            if self.processor.feature_size != bins:
-                raise ValueError(f"{cfg.model}: the feature extractor makes {self.processor.feature_size} "
-                                 f"mel bins but the audio tower takes {bins}")
-
-    def _check_audio_processor(self) -> None:
-        fe, cfg = self.processor, self.cfg
-        if fe.sampling_rate != cfg.sample_rate:
-            raise ValueError(f"sample_rate={cfg.sample_rate} but {cfg.model}'s feature extractor expects "
-                             f"{fe.sampling_rate} Hz; set sample_rate to {fe.sampling_rate}")
-        longest = fe.n_samples / fe.sampling_rate
-        if cfg.max_audio_seconds > longest:
-            raise ValueError(f"max_audio_seconds={cfg.max_audio_seconds:g} exceeds the {longest:g} s the "
-                             f"feature extractor of {cfg.model} takes (chunk_length); set "
-                             f"max_audio_seconds <= {longest:g}")
+        self.encoder = load_encoder(cfg)
 
     def run(self, items: list[bytes]) -> list[EncoderOutput | Exception]:
         """One EncoderOutput or the exception that item raised, per item, in order."""
-        prepared: list[_Prepared | Exception] = []
+        prepared: list[Any] = []
         for data in items:
             try:
                 prepared.append(self._prepare(data))
             except Exception as e:  # a bad item answers alone
                 prepared.append(e)
-        if self.modality == "audio":  # features are the output; the thinker runs the tower
-            return [p if isinstance(p, Exception) else EncoderOutput(p.tokens, features=p.features)
-                    for p in prepared]
-        good = [p for p in prepared if isinstance(p, _Prepared)]
-        outputs = iter(self._forward_isolated(good)) if good else iter(())
+        good = [p for p in prepared if not isinstance(p, Exception)]
+        outputs = iter(isolate(self._encode, good, label="omni_encoder")) if good else iter(())
         return [p if isinstance(p, Exception) else next(outputs) for p in prepared]
 
-    # preprocess
+    def _prepare(self, data: bytes) -> Any:
+        media = decode_image(data, self.cfg) if self.modality == "image" else decode_audio(data, self.cfg)
+        return self.encoder.prepare(media)
 
-    def _prepare(self, data: bytes) -> _Prepared:
-        if self.modality == "image":
-            return self._prepare_image(data)
-        return self._prepare_audio(data)
-
-    def _prepare_image(self, data: bytes) -> _Prepared:
-        image = decode_image(data, self.cfg)
-        try:
-            batch = self.processor(images=[image], return_tensors="np")
-        except ValueError as e:  # e.g. smart_resize's aspect-ratio check
-            raise RequestError("media", f"image cannot be preprocessed: {e}") from e
-        grid = np.asarray(batch["image_grid_thw"][0], dtype=np.int64)
-        tokens = int(grid.prod()) // self.merge**2
-        return _Prepared(np.asarray(batch["pixel_values"], dtype=np.float32), grid, tokens)
-
-    def _prepare_audio(self, data: bytes) -> _Prepared:
-        samples = decode_audio(data, self.cfg)
-        fe = self.processor
-        # The Qwen2.5-Omni processor pads every clip with zeros to n_samples (300 s).
-        # Padding by one FFT window past the end gives the same values for every
-        # frame that touches the audio (the rest is masked out) at a fraction of the cost.
-        batch = fe(samples, sampling_rate=fe.sampling_rate, padding="max_length",
-                   max_length=len(samples) + fe.n_fft, truncation=False, return_attention_mask=True,
-                   return_tensors="np")
-        frames = int(batch["attention_mask"][0].sum())
-        tokens = audio_tokens(frames)
-        if tokens < 1:
-            min_ms = 1000 * (2 * fe.hop_length + 1) / fe.sampling_rate
-            raise RequestError("media", f"audio is {1000 * len(samples) / fe.sampling_rate:.1f} ms long; "
-                                        f"send at least {min_ms:.0f} ms")
-        return _Prepared(np.ascontiguousarray(batch["input_features"][0, :, :frames]), None, tokens)
-
-    # tower forward
-
-    def _forward_isolated(self, group: list[_Prepared]) -> list[EncoderOutput | Exception]:
-        try:
-            return list(self._forward(group))
-        except Exception as e:  # one item must not fail its batch-mates: isolate it below
-            if len(group) == 1:
-                logger.warning("omni_encoder: item failed: %s", e)
-                return [e]
-            logger.warning("omni_encoder: batch of %d failed (%s); retrying one by one", len(group), e)
-        return [out for item in group for out in self._forward_isolated([item])]
-
-    @torch.inference_mode()
-    def _forward(self, group: list[_Prepared]) -> list[EncoderOutput]:
-        # Qwen2_5OmniThinkerForConditionalGeneration.get_image_features
-        pixels = torch.from_numpy(np.concatenate([p.features for p in group]))
-        grid = torch.from_numpy(np.stack([p.grid_thw for p in group]))
-        pixels = pixels.to(device=self.cfg.device, dtype=self.tower.dtype)
-        rows = self.tower(pixels, grid_thw=grid.to(self.cfg.device)).pooler_output
-        sizes = [p.tokens for p in group]
-        if rows.shape[0] != sum(sizes):
-            raise RuntimeError(f"the tower returned {rows.shape[0]} rows for {sum(sizes)} image tokens")
-        rows = rows.float().cpu().numpy()
-        out, start = [], 0
-        for p, n in zip(group, sizes, strict=True):
-            out.append(EncoderOutput(n, np.ascontiguousarray(rows[start:start + n]), p.grid_thw))
-            start += n
-        return out
+    def _encode(self, group: list[Any]) -> list[EncoderOutput]:
+        with torch.inference_mode():
+            return self.encoder.encode(group)

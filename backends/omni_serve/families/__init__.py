@@ -3,11 +3,16 @@
 A family (Qwen2.5-Omni today, Qwen3-Omni next) is one folder here that
 registers a `Family`: which checkpoints it serves (their config.json
 `model_type`), what each stage role reads of the checkpoint folder, its
-default system prompt, and its `SpeechFeed`: how the orchestrator feeds the
-family's talker and audio decoder. The generator picks the family from the
-checkpoint (`for_config`) and writes its name into the orchestrator's
-engine.json; the orchestrator asks `get(name)`. Nothing outside this package
-branches on a family; adding one adds a folder and a line in `_BUILTIN`.
+default system prompt, its thinker's media-token accounting (`MediaTokens`),
+its `SpeechFeed` (how the orchestrator feeds the family's talker and audio
+decoder), and, by import path, the stage-side code each stage kind loads in
+its own process: the thinker's vLLM classes, the talker's side, the media
+encoders (`MediaEncoder`) and the codec decoder (`CodecDecoder`) with its
+chunk context. The generator picks the family from the checkpoint
+(`for_config`) and writes its name into the orchestrator's engine.json; the
+orchestrator asks `get(name)`; the talker, encoder and audio stages ask
+`for_checkpoint(folder)`. Nothing outside this package branches on a family;
+adding one adds a folder and a line in `_BUILTIN`.
 
 What flows through a SpeechFeed (orchestrator's event loop): the thinker's
 streamed responses gathered in a `ThinkerReply`, the talker's codes as
@@ -16,11 +21,16 @@ streamed responses gathered in a `ThinkerReply`, the talker's codes as
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from omni_serve.audio.config import AudioStageConfig
+    from omni_serve.audio.request import AudioRequest, ChunkContext
+    from omni_serve.encoder.runner import EncoderOutput
 
 # the families this package ships, by import path (each registers itself)
 _BUILTIN = ("omni_serve.families.qwen2_5_omni",)
@@ -73,6 +83,74 @@ class SpeechFeed(Protocol):
         ...
 
 
+class MediaTokens(Protocol):
+    """The thinker's media-token accounting: how many prompt tokens (embedding rows) a media
+    item becomes. Read by the encoder stage (each item's `tokens`) and by the thinker stage
+    (what it refuses before the engine); plain arithmetic, no model loaded."""
+
+    def image_tokens(self, grid_thw: Sequence[int], merge: int) -> int:
+        """Rows of one image of patch grid (t, h, w) after the vision tower's `merge` x `merge` merge."""
+        ...
+
+    def audio_tokens(self, frames: int) -> int:
+        """Rows of one clip of `frames` feature frames (0: too short for one)."""
+        ...
+
+
+class MediaEncoder(Protocol):
+    """One modality of the encoder stage's family side (omni_serve.encoder.runner drives it).
+
+    `Family.encoders` names a loader `load(cfg: EncoderStageConfig) -> MediaEncoder` for
+    `cfg.modality` ("image": a PIL RGB image per item; "audio": float32 mono samples at
+    `cfg.sample_rate`), which raises ValueError naming what the checkpoint cannot serve.
+    """
+
+    def prepare(self, media: Any) -> Any:
+        """One decoded item -> what `encode` takes; RequestError("media", ...) for one it cannot
+        take (it fails alone)."""
+        ...
+
+    def encode(self, items: list[Any]) -> list[EncoderOutput]:
+        """The thinker's inputs of prepared items, in one forward where the modality has a tower
+        (the stage retries one by one when it raises)."""
+        ...
+
+
+class CodecDecoder(Protocol):
+    """The audio decoder stage's family side: codec frames -> waveform (omni_serve.audio.runner).
+
+    `Family.decoder` names the class; the stage calls `load(cfg)` once, then `decode` from
+    several threads, one call at a time, on groups of requests with the same frame count and
+    `batch_key`. A request's codes are [frames, codec_groups] int64 (omni_serve.audio.request:
+    `context` leading and `lookahead` trailing frames are context; `offset` is the stream
+    position of frame 0; `speaker` is one of `voices`, None for a decoder without).
+    """
+
+    sample_rate: int
+    samples_per_frame: int  # waveform samples per codec frame
+    codec_groups: int  # codes per frame
+    codec_vocab: int  # codes are ids in [0, codec_vocab)
+    voices: tuple[str, ...]  # () for a decoder without voices (its talker speaks them)
+    default_voice: str | None
+    max_frames: int | None  # the longest utterance it can place; None: no limit
+    context: ChunkContext  # what a chunk needs around it to sound as the whole utterance
+
+    @classmethod
+    def load(cls, cfg: AudioStageConfig) -> CodecDecoder:
+        """The decoder of the checkpoint folder `cfg.model` (ValueError / FileNotFoundError
+        naming what does not fit; sampler settings it has no use for are an error)."""
+        ...
+
+    def batch_key(self, request: AudioRequest) -> Hashable:
+        """Requests with equal frame counts and equal keys decode in one call."""
+        ...
+
+    def decode(self, group: list[AudioRequest]) -> np.ndarray:
+        """float32 [len(group), frames * samples_per_frame] in [-1, 1], context frames included
+        (the stage keeps the voiced ones)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Family:
     name: str  # the registry key, written into the orchestrator's engine.json
@@ -86,6 +164,17 @@ class Family:
     vllm_models: Mapping[str, str] = field(default_factory=dict)
     # the talker stage's family side (talker/stage.py: TalkerSide)
     talker: str | None = None
+    # the encoder stage's: a loader `load(EncoderStageConfig) -> MediaEncoder`
+    encoders: str | None = None
+    # the audio decoder stage's: a `CodecDecoder` class
+    decoder: str | None = None
+    # the decoder's chunk context from the checkpoint's config.json, no weights read
+    # (`(config) -> ChunkContext | None`; omni-gen-repo writes it into the orchestrator's
+    # engine.json)
+    decoder_context: str | None = None
+    # plain objects, any process:
+    # the thinker's media-token accounting (encoder and thinker stages)
+    media_tokens: MediaTokens | None = None
     # other voice names (OpenAI's) onto the family's speakers, the orchestrator's default
     voice_map: Mapping[str, str] = field(default_factory=dict)
     speech: SpeechFeed | None = None

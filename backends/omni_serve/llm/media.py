@@ -1,44 +1,61 @@
 """A multimodal prompt's media -> vLLM's `multi_modal_data` (runs in the omni_llm stub).
 
-The thinker engine is vLLM's own Qwen2.5-Omni model. It expands each
-`<|IMAGE|>` / `<|AUDIO|>` placeholder of the prompt to one token per row and
-gives the tokens the model's M-RoPE positions. Images arrive as the vision
-tower's rows (the image encoder stage ran it) with their patch grids; audio
-arrives as log-mel features, since vLLM 0.32 takes no audio embeddings for
-this model: its audio tower runs inside the engine.
+The thinker engine is vLLM's model of the checkpoint's family. It expands
+each `<|IMAGE|>` / `<|AUDIO|>` placeholder of the prompt to one token per row
+and gives the tokens the model's M-RoPE positions. Images arrive as the
+vision tower's rows (the image encoder stage ran it) with their patch grids;
+audio arrives as log-mel features (the engine runs the audio tower).
 
-Every shape is checked here against the checkpoint, so a malformed request
-is an INVALID_ARG naming its field, never an error inside the engine (which
-would kill it for every request).
+Every shape is checked here against the checkpoint, and each item's prompt
+tokens are counted as the family counts them (omni_serve.families:
+`MediaTokens`), so a malformed request is an INVALID_ARG naming its field,
+never an error inside the engine (which would kill it for every request).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from omni_serve import families
 from omni_serve.contract import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, LLM
 from omni_serve.errors import RequestError
+from omni_serve.families import MediaTokens
 from omni_serve.llm.request import Media
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class MediaShapes:
-    """What the checkpoint's towers take and give."""
+    """What the checkpoint's towers take and give, and how its family counts media tokens."""
 
     hidden_size: int  # rows' width: the text model's hidden size
     merge: int  # vision spatial_merge_size: rows per image = t * h * w / merge**2
     mel_bins: int  # the audio tower's input
+    tokens: MediaTokens  # the family's accounting
 
     @classmethod
     def from_hf_config(cls, config: Any) -> MediaShapes | None:
-        """None for a model without both towers (a text-only LLM)."""
+        """None for a model without both towers (a text-only LLM), or of no model family."""
         thinker = getattr(config, "thinker_config", config)
         vision = getattr(thinker, "vision_config", None)
         audio = getattr(thinker, "audio_config", None)
         if vision is None or audio is None:
             return None
+        model_types = {"model_type": getattr(config, "model_type", None),
+                       "thinker_config": {"model_type": getattr(thinker, "model_type", None)}}
+        try:
+            family = families.for_config(model_types)
+        except ValueError as e:
+            log.warning("media inputs are off: %s", e)
+            return None
+        if family.media_tokens is None:
+            log.warning("media inputs are off: model family %s counts no media tokens", family.name)
+            return None
         text = getattr(thinker, "text_config", thinker)
-        return cls(int(text.hidden_size), int(vision.spatial_merge_size), int(audio.num_mel_bins))
+        return cls(int(text.hidden_size), int(vision.spatial_merge_size), int(audio.num_mel_bins),
+                   family.media_tokens)
 
 
 def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
@@ -63,7 +80,7 @@ def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
                 # other grid kills its engine (no positions) or misplaces the rows
                 raise RequestError(LLM.IMAGE_GRID_THW, f"each image's h and w must be multiples of "
                                                        f"the vision merge size {m}, got {[t, h, w]}")
-        want = sum(t * h * w for t, h, w in grid.tolist()) // m**2  # Python ints: no overflow
+        want = sum(shapes.tokens.image_tokens(thw, m) for thw in grid.tolist())
         if rows != want:
             raise RequestError(LLM.IMAGE_EMBEDS, f"has {rows} rows but {LLM.IMAGE_GRID_THW} "
                                                  f"{grid.tolist()} makes {want}")
@@ -76,11 +93,11 @@ def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
             raise RequestError(LLM.AUDIO_FEATURES, f"must have {shapes.mel_bins} mel bins (rows), "
                                                    f"got {bins}")
         lengths = media.audio_feature_lengths
-        short = [int(n) for n in lengths if _audio_tokens(int(n)) < 1]
+        short = [int(n) for n in lengths if shapes.tokens.audio_tokens(int(n)) < 1]
         if short:
             raise RequestError(LLM.AUDIO_FEATURE_LENGTHS, f"each clip needs at least "
-                                                          f"{MIN_AUDIO_FRAMES} frames (one audio "
-                                                          f"token), got {short[0]}")
+                                                          f"{min_audio_frames(shapes.tokens)} frames "
+                                                          f"(one audio token), got {short[0]}")
         _placeholders(prompt, AUDIO_PLACEHOLDER, len(lengths), LLM.AUDIO_FEATURE_LENGTHS, "clips")
         mask = torch.arange(int(lengths.max()))[None, :] < torch.from_numpy(lengths)[:, None]
         data["audio"] = {"input_audio_features": torch.from_numpy(media.audio_features),
@@ -92,13 +109,9 @@ def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
     return data
 
 
-def _audio_tokens(frames: int) -> int:
-    """Prompt tokens of a clip of `frames` log-mel frames: the audio tower's two stride-2
-    steps (vLLM's Qwen2.5-Omni `_compute_audio_token_count`)."""
-    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
-
-
-MIN_AUDIO_FRAMES = 3  # the shortest clip that gives one audio token
+def min_audio_frames(tokens: MediaTokens, most: int = 10_000) -> int:
+    """The shortest clip (feature frames) that gives one audio token."""
+    return next((n for n in range(1, most) if tokens.audio_tokens(n) >= 1), most)
 
 
 def _placeholders(prompt: str, token: str, items: int, field: str, what: str) -> None:

@@ -77,8 +77,8 @@ def test_the_omni_chat_preset_loads_with_an_orchestrator_entry(monkeypatch):
 
 
 def test_the_orchestrator_gets_the_decoders_chunk_context_and_no_model(tmp_path, models):
-    (Path(models["t2w"]) / "config.json").write_text(json.dumps(
-        {"dit_config": TINY_DIT, "bigvgan_config": TINY_BIGVGAN}))
+    (Path(models["t2w"]) / "config.json").write_text(json.dumps(  # a stand-alone Token2Wav's
+        {"model_type": "qwen2_5_omni_token2wav", "dit_config": TINY_DIT, "bigvgan_config": TINY_BIGVGAN}))
     spec = parse_spec(omni_spec(models), base_dir=tmp_path)
     generated = tmp_path / "repo"
     gen_repo.generate(spec, generated)
@@ -91,7 +91,8 @@ def test_the_orchestrator_gets_the_decoders_chunk_context_and_no_model(tmp_path,
 
 def test_a_context_set_in_the_spec_wins_over_the_checkpoints(tmp_path, models):
     (Path(models["t2w"]) / "config.json").write_text(json.dumps(
-        {"token2wav_config": {"dit_config": TINY_DIT, "bigvgan_config": TINY_BIGVGAN}}))
+        {"model_type": "qwen2_5_omni",
+         "token2wav_config": {"dit_config": TINY_DIT, "bigvgan_config": TINY_BIGVGAN}}))
     data = omni_spec(models)
     data["stages"]["omni"]["engine_args"]["left_context_codes"] = 0
     gen_repo.generate(parse_spec(data, base_dir=tmp_path), tmp_path / "repo")

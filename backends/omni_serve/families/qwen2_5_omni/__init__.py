@@ -1,18 +1,25 @@
 """Qwen2.5-Omni (Qwen/Qwen2.5-Omni-3B, -7B): the family's checkpoint layout, defaults and feeds.
 
-Imported by omni_serve.families (any process); the stage-side modules are named
-by path and loaded only in the process that runs them:
+Imported by omni_serve.families (any process), with the two plain modules:
+- media_tokens.py: the thinker's media-token accounting (25 audio tokens a second);
+- speech.py: the orchestrator's side (talker and Token2Wav requests, codes [frames, 1]).
+The stage-side modules are named by path and loaded only in the process that runs them:
 - thinker.py: vLLM's Qwen2.5-Omni thinker with the image-rows fix (vLLM worker);
 - talker_model.py, talker_engine.py: the talker as a vLLM model and its
   per-step feed (vLLM engine core / worker);
 - talker_prompt.py: the talker stage's side (prompt, sampling, stops);
-- speech.py: the orchestrator's side (talker and Token2Wav requests).
-Still with their stage kinds: the vision tower and features (encoder/runner.py),
-Token2Wav (audio/runner.py); tools/omni_tools/tiny_omni.py builds the tiny checkpoint.
+- encoders.py: the encoder stage's side (the vision tower; log-mel features);
+- token2wav.py: the audio decoder stage's side (Token2Wav: DiT flow matching and
+  BigVGAN, the voices of spk_dict.pt, the default voice Chelsie);
+- token2wav_context.py: Token2Wav's chunk context from config.json (omni-gen-repo).
+Still outside: vLLM's hidden-state capture the talker reads (omni_serve/llm/hidden_states.py,
+any family may ask for it); tools/omni_tools/tiny_omni.py and tiny_token2wav.py build
+the tiny checkpoint.
 """
 from __future__ import annotations
 
 from omni_serve.families import Family
+from omni_serve.families.qwen2_5_omni.media_tokens import Qwen25OmniMediaTokens
 from omni_serve.families.qwen2_5_omni.speech import Qwen25OmniSpeech
 
 # Qwen2.5-Omni's own (its model card): the talker speaks only with this one
@@ -30,7 +37,8 @@ OPENAI_VOICE_MAP: dict[str, str] = {
 FAMILY = Family(
     name="qwen2_5_omni",
     title="Qwen2.5-Omni",
-    model_types=("qwen2_5_omni", "qwen2_5_omni_thinker"),
+    # the whole model, a thinker alone, a stand-alone Token2Wav (omni_tools.tiny_token2wav)
+    model_types=("qwen2_5_omni", "qwen2_5_omni_thinker", "qwen2_5_omni_token2wav"),
     parts={
         "thinker": ("thinker.model.", ("tokenizer_config.json",)),
         "image_encoder": ("thinker.visual.", ("preprocessor_config.json",)),
@@ -41,6 +49,7 @@ FAMILY = Family(
     system_prompt=SYSTEM_PROMPT,
     voice_map=OPENAI_VOICE_MAP,
     speech=Qwen25OmniSpeech(),
+    media_tokens=Qwen25OmniMediaTokens(),
     vllm_models={
         "Qwen2_5OmniModel": f"{__name__}.thinker:OmniThinker",
         "Qwen2_5OmniForConditionalGeneration": f"{__name__}.thinker:OmniThinker",
@@ -48,4 +57,7 @@ FAMILY = Family(
         "OmniTalkerForConditionalGeneration": f"{__name__}.talker_model:OmniTalker",
     },
     talker=f"{__name__}.talker_prompt:TalkerPrompter",
+    encoders=f"{__name__}.encoders:load",
+    decoder=f"{__name__}.token2wav:Token2Wav",
+    decoder_context=f"{__name__}.token2wav_context:chunk_context",
 )

@@ -5,7 +5,7 @@ embedding + last hidden state) in a /dev/shm file it hands over; once its
 reply has 2 tokens (the talker's prefill reads reply token 0 fed back), one
 talker request names that file with the thinker's prompt ids and media grids.
 The talker emits one code a step (`[frames, 1]`); Token2Wav takes a chunk's
-codes with its left and right context counts.
+frames (`[frames, 1]`) with its left and right context counts.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ class Qwen25OmniSpeech:
 
     def decoder_inputs(self, chunk: DecoderChunk, seed: int,
                        speaker: str | None) -> dict[str, np.ndarray]:
-        inputs = {AUDIO.CODEC_TOKENS: np.asarray(chunk.frames, dtype=np.int64).reshape(1, -1),
+        # [1, frames, 1]: the batch dimension, then one code a frame
+        inputs = {AUDIO.CODEC_TOKENS: np.asarray(chunk.frames, dtype=np.int64).reshape(1, -1, 1),
                   AUDIO.CONTEXT_TOKENS: np.array([[chunk.context]], dtype=np.int32),
                   AUDIO.LOOKAHEAD_TOKENS: np.array([[chunk.lookahead]], dtype=np.int32),
                   AUDIO.CODE_OFFSET: np.array([[chunk.offset]], dtype=np.int64),
