@@ -1,7 +1,8 @@
 """Hidden states out of the LLM core: each position's input embedding and final hidden state.
 
-What Qwen2.5-Omni's talker reads from the thinker (transformers'
-`hidden_states[0]` and `hidden_states[-1]` of `generate(output_hidden_states=True)`):
+What a talker that reads the thinker's rows takes from it (a family's speech
+feed asks for them; transformers' `hidden_states[0]` and `hidden_states[-1]`
+of `generate(output_hidden_states=True)`):
 one row per prompt position, then one per generated token as it is fed back
 (so a reply of n tokens has prompt + n - 1 rows; the last token is never fed).
 

@@ -52,7 +52,7 @@ class LLMRequest:
 
 @dataclass(frozen=True)
 class Media:
-    """A multimodal prompt's media, as vLLM's Qwen2.5-Omni thinker takes them."""
+    """A multimodal prompt's media, as vLLM's omni thinkers take them (omni_serve.llm.media)."""
 
     image_embeds: np.ndarray | None = None  # float32 (rows, hidden): every image's rows
     image_grid_thw: np.ndarray | None = None  # int64 (images, 3)

@@ -6,9 +6,9 @@ Flow of one request (pipelined mode):
     text + media --> thinker (streamed) --> text deltas to the client
                        |  its hidden states, in a /dev/shm file (speech only)
                        v
-                    speech (orchestrator/speech.py): Qwen2.5-Omni's talker reads
-                    them as they are written; Token2Wav voices its codes chunk
-                    by chunk --> PCM chunks to the client
+                    speech (orchestrator/speech.py): the family's talker reads
+                    them as they are written; the codec decoder voices its
+                    frames chunk by chunk --> PCM chunks to the client
     whole reply --> image generator (when "image" is asked for) --> PNG
 
 The talker starts on the thinker's first two reply tokens and the decoder on

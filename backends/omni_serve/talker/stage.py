@@ -4,7 +4,7 @@ Runs in the omni_talker model's Triton stub process, on the engine loop of its
 EngineHost (llm/engine_host.py: the vLLM AsyncLLM, aborts, overload, a dead
 engine, metrics), which calls `serve` once per request. The checkpoint's model
 family (omni_serve.families, from its config.json) gives the talker's side
-(`TalkerSide`, e.g. families/qwen2_5_omni/talker_prompt.py): the engine
+(`TalkerSide`, e.g. a family folder's talker_prompt.py): the engine
 arguments, the prompt built from what the thinker hands over and the
 engine feed that goes with it, sampling defaults and stop codes. Here: one
 request through it, and the sampled codes streamed back as
