@@ -37,7 +37,7 @@ def models(tmp_path) -> dict[str, str]:
 
 
 # The tiny default's Token2Wav parts that set the chunk context: the DiT's blocks and
-# layers, BigVGAN's field (omni_serve.audio.request.dit_context_codes: 21, 32, 12).
+# layers, BigVGAN's field (families/qwen2_5_omni/token2wav_context.py: 21, 32, 12).
 TINY_DIT = {"repeats": 2, "block_size": 24, "num_hidden_layers": 2, "look_backward_layers": [0],
             "look_ahead_layers": [1]}
 TINY_BIGVGAN = {"upsample_rates": [5, 3, 2, 2, 2, 2], "upsample_kernel_sizes": [11, 7, 4, 4, 4, 4],
