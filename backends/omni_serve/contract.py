@@ -412,7 +412,7 @@ OMNI_CONTRACT = StageContract(
         TensorSpec(OMNI.CODEC_IDS, "TYPE_INT64", (-1, -1),
                    doc="with return_codec_ids: the talker's next codec ids, [frames, groups] "
                        "(0-based codes as the audio decoder reads them, one per codebook; "
-                       "groups is 1 for Qwen2.5-Omni), in order"),
+                       "groups: the family's codebooks), in order"),
         TensorSpec(OMNI.FINISH_REASON, "TYPE_STRING", (1,),
                    doc="on the last response: the thinker's finish reason"),
         TensorSpec(OMNI.METRICS, "TYPE_STRING", (1,),

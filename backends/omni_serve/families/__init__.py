@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 # the families this package ships, by import path (each registers itself)
 _BUILTIN = ("omni_serve.families.qwen2_5_omni",)
+# the family of an orchestrator config that names none (the first one the project served)
+DEFAULT = "qwen2_5_omni"
 
 
 @dataclass
@@ -177,6 +179,8 @@ class Family:
     media_tokens: MediaTokens | None = None
     # other voice names (OpenAI's) onto the family's speakers, the orchestrator's default
     voice_map: Mapping[str, str] = field(default_factory=dict)
+    # the talker's sampling defaults (its reference generate()'s), the orchestrator's default
+    talker_sampling: Mapping[str, Any] = field(default_factory=dict)
     speech: SpeechFeed | None = None
 
 

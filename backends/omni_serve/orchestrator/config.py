@@ -11,9 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve import env
-
-DEFAULT_FAMILY = "qwen2_5_omni"
-
+from omni_serve.families import DEFAULT as DEFAULT_FAMILY
 
 # The orchestrator's roles and the backend each must name (the stage's kind of work).
 ROLE_BACKENDS = {
@@ -166,7 +164,7 @@ class OrchestratorConfig(BaseModel):
     # and task "speech" turns the text to read into token ids with it.
     tokenizer: str | None = None
     family: str = DEFAULT_FAMILY
-    # The family's own (its model card's; Qwen2.5-Omni's talker speaks only with it)
+    # The family's own (its model card's; a talker may speak only with it)
     system_prompt: str = ""
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
@@ -174,18 +172,15 @@ class OrchestratorConfig(BaseModel):
     # `chunk_codes` (the first `first_chunk_codes`) with at least
     # `left_context_codes` codes of left context aligned to `align_codes` and
     # `right_context_codes` of right context. omni-gen-repo sets the three from
-    # the checkpoint (omni_serve.audio.request.dit_context_codes: the DiT's block
-    # attention over one solver pass, and BigVGAN's field), which keeps chunked
+    # the checkpoint (its family's `decoder_context`: for the default family the DiT's
+    # block attention over one solver pass and BigVGAN's field), which keeps chunked
     # audio within ~93 dB of one whole decode on the tiny default; the defaults
-    # here are Qwen2.5-Omni-7B's.
-    # The talker's sampling defaults: Qwen2.5-Omni's (transformers'
-    # Qwen2_5OmniForConditionalGeneration.generate talker_* defaults); a
+    # here are those of the default family's largest checkpoint.
+    # The talker's sampling defaults: the family's (its reference generate()'s); a
     # request's talker_sampling_parameters override them key by key.
-    talker_sampling: dict[str, Any] = Field(
-        default_factory=lambda: {"temperature": 0.9, "top_k": 40, "top_p": 0.8,
-                                 "repetition_penalty": 1.05})
+    talker_sampling: dict[str, Any] = Field(default_factory=dict)
     # Voices: the checkpoint's speaker names (omni-gen-repo reads them from the
-    # audio checkpoint's spk_dict.pt or speakers.json); None: not known here, a
+    # audio checkpoint, as its family keeps them); None: not known here, a
     # request's speaker goes to the stages as it is. `voice_map` maps other
     # names onto speakers (matched case-insensitively; speaker names match
     # exactly and come first): by default the family's map of OpenAI's voices,
@@ -225,7 +220,7 @@ class OrchestratorConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _family_defaults(cls, data: Any) -> Any:
-        """system_prompt and voice_map default to the family's."""
+        """system_prompt, voice_map and talker_sampling default to the family's."""
         if not isinstance(data, Mapping):
             return data
         from omni_serve import families
@@ -234,6 +229,7 @@ class OrchestratorConfig(BaseModel):
         data = dict(data)
         data.setdefault("system_prompt", family.system_prompt or "")
         data.setdefault("voice_map", dict(family.voice_map))
+        data.setdefault("talker_sampling", dict(family.talker_sampling))
         return data
 
     @model_validator(mode="after")

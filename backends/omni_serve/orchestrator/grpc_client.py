@@ -14,7 +14,7 @@ Calls are stopped without gRPC cancels, because Triton 2.51 can abort the
 server when a cancel races a request's completion (upstream issue #7368): a
 stream whose consumer stops gets an in-band `omni_abort` control request and
 is read to its end by a task of its own (omni_llm ends it with a final
-"abort" response). Unary calls (encoders, DiT, Token2Wav) are cancelled
+"abort" response). Unary calls (encoders, DiT, codec decoder) are cancelled
 with gRPC: on 2.51 that race is survived (`omni-bench unary-cancel`:
 6000 cancels racing queueing, execution and completion, server alive), and
 a cancelled request still queued is never computed.

@@ -110,8 +110,8 @@ def _modalities(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) 
         if name == "audio" and name not in allowed:
             raise RequestError(OMNI.MODALITIES, f"'audio' needs a talker and an audio_decoder "
                                                 f"stage, which this pipeline has not (its "
-                                                f"checkpoint has no talker.* / token2wav.* weights "
-                                                f"or spk_dict.pt); it offers {list(allowed)}")
+                                                f"checkpoint lacks the talker or the codec "
+                                                f"decoder); it offers {list(allowed)}")
         if name not in allowed:
             raise RequestError(OMNI.MODALITIES, f"unknown or unavailable modality {item!r}; "
                                                 f"this pipeline offers {list(allowed)}")

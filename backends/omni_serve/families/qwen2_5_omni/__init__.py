@@ -48,6 +48,8 @@ FAMILY = Family(
     },
     system_prompt=SYSTEM_PROMPT,
     voice_map=OPENAI_VOICE_MAP,
+    # transformers' Qwen2_5OmniForConditionalGeneration.generate talker_* defaults
+    talker_sampling={"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05},
     speech=Qwen25OmniSpeech(),
     media_tokens=Qwen25OmniMediaTokens(),
     vllm_models={
