@@ -104,6 +104,7 @@ class LLMStage:
 
     async def _embed(self, req: LLMRequest, sink: Sink, lora) -> None:
         """vllm_backend's embedding request: one response, the embedding as JSON text."""
+        from vllm.exceptions import VLLMClientError
         from vllm.outputs import EmbeddingOutput
         from vllm.pooling_params import PoolingParams
 
@@ -111,9 +112,12 @@ class LLMStage:
         prompt = {"prompt": what} if isinstance(what, str) else {"prompt_token_ids": what}
         params = PoolingParams(task="embed", dimensions=req.embed.dimensions)
         final = None
-        async for out in self.host.engine.encode(prompt, params, req.request_id,
-                                                 lora_request=lora):
-            final = out
+        try:
+            async for out in self.host.engine.encode(prompt, params, req.request_id,
+                                                     lora_request=lora):
+                final = out
+        except (VLLMClientError, ValueError) as e:  # vLLM refused the input or its options
+            raise RequestError(LLM.EMBEDDING_REQUEST, str(e.args[0] if e.args else e)) from e
         if final is None:  # aborted before the engine produced it
             sink.send(aborted_output())
             return
