@@ -177,3 +177,13 @@ def test_one_step_becomes_vllm_backends_samples():
 
 def test_token_histogram_buckets_are_1_2_5_up_to_the_model_length():
     assert one_two_five(128) == (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
+def test_structured_outputs_may_come_json_encoded_as_vllm_backend_sends_them():
+    from omni_serve.llm import sampling
+
+    as_string = sampling.coerce({"structured_outputs": '{"choice": ["a", "b"]}'})
+    as_object = sampling.coerce({"structured_outputs": {"choice": ["a", "b"]}})
+    assert as_string == as_object and as_object["structured_outputs"].choice == ["a", "b"]
+    with pytest.raises(RequestError, match=r"^sampling_parameters.structured_outputs: a string"):
+        sampling.coerce({"structured_outputs": "{"})

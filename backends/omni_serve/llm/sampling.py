@@ -94,6 +94,8 @@ def coerce(raw: dict[str, Any], *, source: str = FIELD) -> dict[str, Any]:
     adapters = _field_adapters()
     out: dict[str, Any] = {}
     for key, value in raw.items():
+        if key == "structured_outputs" and isinstance(value, str):
+            value = _json_field(f"{source}.{key}", value)  # vllm_backend sends it JSON-encoded
         adapter = adapters.get(key)
         if adapter is None:
             raise RequestError(f"{source}.{key}", _unknown_field_message(key))
@@ -104,6 +106,13 @@ def coerce(raw: dict[str, Any], *, source: str = FIELD) -> dict[str, Any]:
             raise RequestError(f"{source}.{key}", f"{first['msg']} (got {value!r})") from e
         _check_ints(f"{source}.{key}", out[key])
     return out
+
+
+def _json_field(where: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise RequestError(where, f"a string here must be a JSON object ({e})") from e
 
 
 def _check_ints(where: str, value: Any) -> None:
