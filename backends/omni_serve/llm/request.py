@@ -48,6 +48,19 @@ class LLMRequest:
     messages: list[dict[str, Any]] | None = None
     media: Media | None = None
     return_input_token_ids: bool = False
+    # vllm_backend's: a LoRA adapter of the model's multi_lora.json, images for a vision
+    # model's own processor (PIL, RGB), and an embedding request for a pooling model
+    lora_name: str | None = None
+    images: list[Any] | None = None
+    embed: EmbedRequest | None = None
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """vllm_backend's `embedding_request`: what to embed and the pooling options."""
+
+    input: str | list[int]
+    dimensions: int | None = None
 
 
 @dataclass(frozen=True)
