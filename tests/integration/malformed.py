@@ -11,6 +11,7 @@ as not covered, so a new model or input fails the suite until it has its strateg
 """
 from __future__ import annotations
 
+import base64
 import io
 import json
 import math
@@ -488,7 +489,8 @@ LLM_MAX_TOKENS = 4
 GREEDY = {"max_tokens": LLM_MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 _LLM_FLAGS = ("stream", "exclude_input_in_output", "return_finish_reason",
               "return_num_input_tokens", "return_num_output_tokens", "return_token_ids",
-              "return_hidden_states", "return_input_token_ids")
+              "return_hidden_states", "return_input_token_ids", "return_cumulative_logprob",
+              "return_logprobs")
 IMAGE_PAIR = ("image_embeds", "image_grid_thw")
 AUDIO_PAIR = ("audio_features", "audio_feature_lengths")
 
@@ -537,6 +539,8 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
             st.just(r.attack("prompt_token_ids", ints([]), "empty", **no_text)),
             ids.map(lambda xs: r.attack("prompt_token_ids", ints(xs), "and text_input too"))),
         "messages": _messages_values(r, no_text["drop"]),
+        "image": _image_values(r),
+        "embedding_request": _embedding_values(r),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
     return r
@@ -560,6 +564,28 @@ def _messages_values(r: Recipe, drop: tuple[str, ...]) -> AttackStrategy:
         r.values_of("messages", st.one_of(bad_chat().map(str.encode), non_utf8()), text,
                     "bad chat", drop=drop),
         st.just(r.attack("messages", chat, "and text_input too")))
+
+
+def _image_values(r: Recipe) -> AttackStrategy:
+    """vllm_backend's `image`: base64 of an image file; neither base64 nor an image."""
+    not_base64 = st.sampled_from([b"%%%", b"abc", b"not base64!", "\u00e9t\u00e9".encode()])
+    not_image = st.binary(min_size=1, max_size=48).filter(
+        lambda b: not b.startswith((b"\x89PNG", b"\xff\xd8", b"GIF", b"BM", b"RIFF")))
+    return st.one_of(
+        r.values_of("image", not_base64, text, "not base64"),
+        r.values_of("image", not_image.map(base64.b64encode), text, "base64 of no image"))
+
+
+def _embedding_values(r: Recipe) -> AttackStrategy:
+    """vllm_backend's `embedding_request`: malformed JSON, no input, or asked of a model
+    that generates (the tiny LLMs are no pooling models)."""
+    drop = ("text_input", "sampling_parameters")
+    malformed = json_bad(st.sampled_from(['{"inputs": "x"}', '{"input": ""}', '{"input": []}',
+                                          '{"input": [-1]}', '{"input": 3}']))
+    return st.one_of(
+        r.values_of("embedding_request", malformed, text, "bad embedding request", drop=drop),
+        st.just(r.attack("embedding_request", text(json.dumps({"input": "hello"})),
+                         "to a model that generates", drop=drop)))
 
 
 def _text_only_media_values(r: Recipe) -> dict[str, AttackStrategy]:
