@@ -39,7 +39,8 @@ class StreamOptions(TypedDict, total=False):
         modalities: outputs wanted, e.g. ["text", "audio"] (omni pipelines).
         sampling_parameters: vLLM SamplingParams fields for the LLM;
             `max_tokens` and `temperature` override the same keys.
-        speaker: voice of the speech output; seed: of the generators.
+        voice: of the speech output (a voice of the checkpoint or an alias of
+            the orchestrator's voice_map, e.g. OpenAI's); seed: of the generators.
         task: "chat" (default) or "speech" (read the text aloud).
         session_id: omni pipelines with several thinker engines send a
             session's requests to the same one (its prefix cache hits).
@@ -65,7 +66,7 @@ class StreamOptions(TypedDict, total=False):
     sampling_parameters: Mapping[str, Any] | None
     max_tokens: int | None
     temperature: float | None
-    speaker: str | None
+    voice: str | None
     seed: int | None
     task: str | None
     session_id: str | None

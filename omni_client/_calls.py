@@ -78,7 +78,7 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
                    audio_sample_rate: int | None = None, modalities: Sequence[str] | None = None,
                    sampling_parameters: Mapping[str, Any] | None = None,
                    max_tokens: int | None = None, temperature: float | None = None,
-                   speaker: str | None = None, seed: int | None = None, task: str | None = None,
+                   voice: str | None = None, seed: int | None = None, task: str | None = None,
                    session_id: str | None = None,
                    history: Sequence[Mapping[str, str]] | None = None,
                    talker_sampling: Mapping[str, Any] | None = None,
@@ -95,14 +95,14 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
                                             temperature=temperature)
     if kind == "omni":
         tensors = io.omni_inputs(
-            text, modalities=modalities, sampling_parameters=sampling, speaker=speaker, seed=seed,
+            text, modalities=modalities, sampling_parameters=sampling, voice=voice, seed=seed,
             task=task, session_id=session_id, history=history, talker_sampling=talker_sampling,
             stream_audio=stream_audio, return_codec_ids=return_codec_ids, extra=inputs,
             image=None if image is None else image_bytes(image),
             audio=None if audio is None else audio_bytes(audio, sample_rate=audio_sample_rate))
         return Prepared(model, tensors, io.omni_outputs(codec_ids=bool(return_codec_ids)),
                         unary=False, parse=io.parse_omni)
-    extras = {"image": image, "audio": audio, "speaker": speaker, "task": task, "inputs": inputs,
+    extras = {"image": image, "audio": audio, "voice": voice, "task": task, "inputs": inputs,
               "session_id": session_id,
               "talker_sampling": talker_sampling or None, "stream_audio": stream_audio,
               "return_codec_ids": return_codec_ids or None}

@@ -69,7 +69,7 @@ def omni_inputs(
     audio: bytes | None = None,
     modalities: Sequence[str] | None = None,
     sampling_parameters: Mapping[str, Any] | None = None,
-    speaker: str | None = None,
+    voice: str | None = None,
     seed: int | None = None,
     task: str | None = None,
     session_id: str | None = None,
@@ -103,7 +103,7 @@ def omni_inputs(
         OMNI.MODALITIES: None if modalities is None else list(modalities),
         OMNI.SAMPLING_PARAMETERS: None if not sampling_parameters
         else _llm_io.encode_sampling_parameters(sampling_parameters),
-        OMNI.SPEAKER: speaker,
+        OMNI.VOICE: voice,
         OMNI.SEED: seed,
         OMNI.TASK: task,
         OMNI.SESSION_ID: session_id,

@@ -169,7 +169,7 @@ class AsyncOmniClient(ClientBase):
                      timeout: Timeout = CLIENT_TIMEOUT) -> SpeechResult:
         """Read `text` aloud; see OmniClient.speech."""
         result = await self.chat(text, model=model or await self._default_model("omni"),
-                                 speaker=voice, seed=seed, task="speech",
+                                 voice=voice, seed=seed, task="speech",
                                  talker_sampling=talker_sampling, stream_audio=stream_audio,
                                  return_codec_ids=return_codec_ids, timeout=timeout)
         return _calls.speech_result(result)

@@ -254,7 +254,7 @@ def run_chat(client: OmniClient, args: argparse.Namespace, out: TextIO, err: Tex
     events: list[Event] = []
     stream = client.stream(args.text, model=args.model, image=args.image, audio=args.audio,
                            modalities=modalities, max_tokens=args.max_tokens,
-                           temperature=args.temperature, speaker=args.voice, seed=args.seed)
+                           temperature=args.temperature, voice=args.voice, seed=args.seed)
     try:
         for event in stream:
             events.append(event)

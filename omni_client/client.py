@@ -276,7 +276,7 @@ class OmniClient(ClientBase):
         """Read `text` aloud with an omni pipeline's talker and audio decoder.
 
         Args:
-            voice: a speaker of the pipeline's audio stage (default: its own)
+            voice: a voice of the pipeline's audio stage (default: its own)
                 or an alias of the orchestrator's voice map (OpenAI's voices).
             talker_sampling, stream_audio, return_codec_ids: as for `stream()`
                 (the codec ids land in SpeechResult.codec_ids).
@@ -286,7 +286,7 @@ class OmniClient(ClientBase):
             ValueError, RequestTimeoutError, UnavailableError, CancelledError,
             ServerError, OmniClientError: as for `stream()`.
         """
-        result = self.chat(text, model=model or self._default_model("omni"), speaker=voice,
+        result = self.chat(text, model=model or self._default_model("omni"), voice=voice,
                            seed=seed, task="speech", talker_sampling=talker_sampling,
                            stream_audio=stream_audio, return_codec_ids=return_codec_ids,
                            timeout=timeout)

@@ -179,7 +179,7 @@ class TALKER:
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     IMAGE_GRID_THW = "image_grid_thw"
     AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
-    SPEAKER = "speaker"
+    VOICE = "voice"
     SAMPLING_PARAMETERS = "sampling_parameters"
 
     CODEC_IDS = "codec_ids"
@@ -202,7 +202,7 @@ TALKER_CONTRACT = StageContract(
                    doc="each image's (t, h, w) patch grid of the thinker's prompt"),
         TensorSpec(TALKER.AUDIO_FEATURE_LENGTHS, "TYPE_INT64", (-1,), optional=True,
                    doc="each audio clip's number of feature frames of the thinker's prompt"),
-        TensorSpec(TALKER.SPEAKER, "TYPE_STRING", (1,), optional=True,
+        TensorSpec(TALKER.VOICE, "TYPE_STRING", (1,), optional=True,
                    doc="a voice of the checkpoint (default: its first)"),
         TensorSpec(TALKER.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
                    doc="JSON object of vLLM SamplingParams fields over the checkpoint's "
@@ -290,17 +290,17 @@ ENCODER_CONTRACT = StageContract(
 )
 
 # --- Audio generator (omni_audio) ------------------------------------------------------
-# Codec tokens -> waveform, one chunk per request. Stateless: a request carries
+# Codec ids -> waveform, one chunk per request. Stateless: a request carries
 # `context_tokens` codes of left context (already voiced), the chunk's codes and
 # `lookahead_tokens` codes of right context (voiced by the next chunk), so
 # chunks of different streams batch together.
 
 class AUDIO:
-    CODEC_TOKENS = "codec_tokens"
+    CODEC_IDS = "codec_ids"
     CONTEXT_TOKENS = "context_tokens"
     LOOKAHEAD_TOKENS = "lookahead_tokens"
     CODE_OFFSET = "code_offset"
-    SPEAKER = "speaker"
+    VOICE = "voice"
     SEED = "seed"
 
     AUDIO_CHUNK = "audio_chunk"
@@ -311,7 +311,7 @@ AUDIO_CONTRACT = StageContract(
     backend="omni_audio",
     batching="triton",
     inputs=(
-        TensorSpec(AUDIO.CODEC_TOKENS, "TYPE_INT64", (-1, -1), ragged=True,
+        TensorSpec(AUDIO.CODEC_IDS, "TYPE_INT64", (-1, -1), ragged=True,
                    doc="codec codes, [frames, groups] (groups: the family's codebooks): "
                        "left-context frames, the frames of this chunk, right-context frames"),
         TensorSpec(AUDIO.CONTEXT_TOKENS, "TYPE_INT32", (1,), optional=True,
@@ -322,8 +322,8 @@ AUDIO_CONTRACT = StageContract(
                    doc="stream position of the first frame sent: with one seed per stream, a "
                        "sampling decoder's chunk then starts from the noise the whole utterance "
                        "would (default 0)"),
-        TensorSpec(AUDIO.SPEAKER, "TYPE_STRING", (1,), optional=True,
-                   doc="voice name (default: the stage's default speaker; a decoder without "
+        TensorSpec(AUDIO.VOICE, "TYPE_STRING", (1,), optional=True,
+                   doc="voice name (default: the stage's default_voice; a decoder without "
                        "voices takes none)"),
         TensorSpec(AUDIO.SEED, "TYPE_INT64", (1,), optional=True,
                    doc="seed of a sampling decoder's noise (same audio alone or batched)"),
@@ -344,7 +344,7 @@ class OMNI:
     AUDIO = "audio"
     MODALITIES = "modalities"
     SAMPLING_PARAMETERS = "sampling_parameters"
-    SPEAKER = "speaker"
+    VOICE = "voice"
     SEED = "seed"
     TASK = "task"
     SESSION_ID = "session_id"
@@ -380,7 +380,7 @@ OMNI_CONTRACT = StageContract(
                    doc='outputs wanted, any of "text", "audio", "image" (default: text)'),
         TensorSpec(OMNI.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
                    doc="JSON object of vLLM SamplingParams fields for the thinker"),
-        TensorSpec(OMNI.SPEAKER, "TYPE_STRING", (1,), optional=True,
+        TensorSpec(OMNI.VOICE, "TYPE_STRING", (1,), optional=True,
                    doc="voice of the speech output (default: the audio stage's)"),
         TensorSpec(OMNI.SEED, "TYPE_INT64", (1,), optional=True,
                    doc="seed of the audio and image generators"),

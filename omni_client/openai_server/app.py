@@ -180,7 +180,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
                 turn.text, model=info.name, image=turn.image, audio=turn.audio,
                 modalities=["text", "audio"] if audio else ["text"],
                 sampling_parameters=body.sampling_parameters(),
-                speaker=body.audio.voice if audio else None, seed=body.seed,
+                voice=body.audio.voice if audio else None, seed=body.seed,
                 **_talker_options(body, audio), **inputs)
         else:
             if audio:
@@ -230,7 +230,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
         fmt = body.checked_format()
         info = await front.model(body.model, ("omni",))
         events = front.client.stream(body.input, model=info.name, task="speech",
-                                     speaker=body.voice, seed=body.seed,
+                                     voice=body.voice, seed=body.seed,
                                      talker_sampling=body.talker_sampling_parameters,
                                      stream_audio=body.stream_audio)
         first, rest = await _first_and_rest(events)

@@ -719,8 +719,8 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
                 ("thinker_hidden_states_file",)))),
         "thinker_hidden_states_file": r.values_of("thinker_hidden_states_file", paths, text,
                                                   "not a capture file"),
-        "speaker": r.values_of("speaker", st.one_of(not_a_name().map(str.encode), non_utf8()),
-                               text, "unknown speaker"),
+        "voice": r.values_of("voice", st.one_of(not_a_name().map(str.encode), non_utf8()),
+                             text, "unknown voice"),
         "image_grid_thw": st.integers(-(2**63), 0).map(lambda v: r.attack(
             "image_grid_thw", T(np.array([[1, v, 2]], np.int64), "INT64"), f"h = {v}")),
         "audio_feature_lengths": st.integers(-(2**63), 0).map(lambda v: r.attack(
@@ -811,26 +811,26 @@ def audio_decoder_recipe(model: Model) -> Recipe:
 
     n = len(AUDIO_CODES)
     r = Recipe("audio decoder", model,
-               lambda: {"codec_tokens": frames(AUDIO_CODES), "seed": one(3, "INT64")}, check,
+               lambda: {"codec_ids": frames(AUDIO_CODES), "seed": one(3, "INT64")}, check,
                outputs=("audio_chunk", "sample_rate"))
     bad_code = st.one_of(st.integers(-(2**63), -1), st.integers(2**31, 2**63 - 1))
     r.values = {
-        "codec_tokens": st.one_of(
+        "codec_ids": st.one_of(
             st.tuples(st.integers(0, n - 1), bad_code).map(lambda ib: r.attack(
-                "codec_tokens", frames(AUDIO_CODES[:ib[0]] + [ib[1]] + AUDIO_CODES[ib[0] + 1:]),
+                "codec_ids", frames(AUDIO_CODES[:ib[0]] + [ib[1]] + AUDIO_CODES[ib[0] + 1:]),
                 f"code {ib[1]} at {ib[0]}")),
-            st.just(r.attack("codec_tokens", frames([]), "empty")),
-            st.just(r.attack("codec_tokens", ints(AUDIO_CODES), "[frames] without the groups")),
+            st.just(r.attack("codec_ids", frames([]), "empty")),
+            st.just(r.attack("codec_ids", ints(AUDIO_CODES), "[frames] without the groups")),
             st.integers(100_000, 200_000).map(lambda k: r.attack(
-                "codec_tokens", frames(np.ones(k, np.int64)), f"{k} frames"))),
+                "codec_ids", frames(np.ones(k, np.int64)), f"{k} frames"))),
         "context_tokens": r.values_of("context_tokens", never_int(0, n - 1),
                                       lambda v: one(v, "INT32"), "context"),
         "lookahead_tokens": r.values_of("lookahead_tokens", never_int(0, n - 1),
                                         lambda v: one(v, "INT32"), "lookahead"),
         "code_offset": r.values_of("code_offset", never_int(0, 2**40, datatype="INT64"),
                                    lambda v: one(v, "INT64"), "offset"),
-        "speaker": r.values_of("speaker", st.one_of(not_a_name().map(str.encode), non_utf8()),
-                               text, "unknown speaker"),
+        "voice": r.values_of("voice", st.one_of(not_a_name().map(str.encode), non_utf8()),
+                             text, "unknown voice"),
         "seed": None,
     }
     return r
@@ -885,8 +885,8 @@ def omni_recipe(model: Model) -> Recipe:
             st.sampled_from([b'["text", 1]', b'["text"', b'[{"a": 1}]', b"[]"]).map(
                 lambda b: r.attack("modalities", strings([b]), f"JSON {b!r}"))),
         "sampling_parameters": _sampling_values(r),
-        "speaker": r.values_of("speaker", st.one_of(not_a_name().map(str.encode), non_utf8()),
-                               text, "unknown voice"),
+        "voice": r.values_of("voice", st.one_of(not_a_name().map(str.encode), non_utf8()),
+                             text, "unknown voice"),
         "seed": None,  # any INT64 seeds the generators
         "task": r.values_of("task", st.one_of(not_a_name({"chat", "speech"}).map(str.encode),
                                               non_utf8()), text, "unknown task"),

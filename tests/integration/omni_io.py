@@ -53,7 +53,7 @@ def _tensor(name: str, arr: np.ndarray, dtype: str):
 
 
 def omni_inputs(text: str = "describe what you get", *, modalities=None, image: bytes | None = None,
-                audio: bytes | None = None, sampling: dict | None = None, speaker: str | None = None,
+                audio: bytes | None = None, sampling: dict | None = None, voice: str | None = None,
                 seed: int | None = None, session_id: str | None = None,
                 history: list[dict] | str | None = None, talker_sampling: dict | None = None,
                 stream_audio: bool | None = None, return_codec_ids: bool = False,
@@ -68,8 +68,8 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
     if sampling is not None:
         ins.append(_tensor(OMNI.SAMPLING_PARAMETERS,
                            np.array([json.dumps(sampling).encode()], dtype=object), "BYTES"))
-    if speaker is not None:
-        ins.append(_tensor(OMNI.SPEAKER, np.array([speaker.encode()], dtype=object), "BYTES"))
+    if voice is not None:
+        ins.append(_tensor(OMNI.VOICE, np.array([voice.encode()], dtype=object), "BYTES"))
     if seed is not None:
         ins.append(_tensor(OMNI.SEED, np.array([seed], dtype=np.int64), "INT64"))
     if session_id is not None:

@@ -137,7 +137,7 @@ def test_media_in_from_paths_pil_and_numpy(omni_chat_server, tmp_path):
 
 
 @pytest.mark.parametrize(("kwargs", "fragments"), [
-    (dict(modalities=["text", "audio"], speaker="Nobody"), ("speaker", "Nobody")),
+    (dict(modalities=["text", "audio"], voice="Nobody"), ("voice: unknown voice", "Nobody")),
     (dict(image=b"\x89PNG\r\n\x1a\n this is not a png"), ("image_encoder", "media:")),
 ])
 def test_bad_input_raises_bad_request_naming_the_field_and_the_next_call_works(

@@ -221,8 +221,8 @@ def _expect_error(result, code: str, *fragments: str) -> str:
 @pytest.mark.parametrize("kwargs,code,fragments", [
     (dict(sampling={"max_tokenz": 5}), "INVALID_ARG",
      ("stage 'thinker' (model llm) failed", "sampling_parameters.max_tokenz: unknown sampling")),
-    (dict(modalities=["audio"], speaker="Nobody", sampling=GREEDY), "INVALID_ARG",
-     ("speaker: unknown voice 'Nobody'", "Chelsie", "Ethan")),
+    (dict(modalities=["audio"], voice="Nobody", sampling=GREEDY), "INVALID_ARG",
+     ("voice: unknown voice 'Nobody'", "Chelsie", "Ethan")),
     (dict(image=b"\x89PNG\r\n\x1a\n this is not a png"), "INVALID_ARG",
      ("stage 'image_encoder' (model image_encoder) failed", "media:")),
     (dict(audio=b"RIFF....WAVE but not really"), "INVALID_ARG",
@@ -291,6 +291,6 @@ def test_llm_and_text_to_image_answer_on_their_own(url):
 def test_a_stage_error_is_not_a_hang(url):
     """An INVALID request to the talker surfaces quickly (no stage waits forever)."""
     t0 = time.monotonic()
-    result = run_omni(url, modalities=["audio"], speaker="Nobody", sampling=GREEDY)
+    result = run_omni(url, modalities=["audio"], voice="Nobody", sampling=GREEDY)
     assert isinstance(result.error, InferenceServerException)
     assert time.monotonic() - t0 < 30

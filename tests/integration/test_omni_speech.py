@@ -76,7 +76,7 @@ def reference(omni_chat_server):
             "system": system, "codes": codes}
 
 
-def _reference(ref, text: str, speaker: str, image: bytes | None = None,
+def _reference(ref, text: str, voice: str, image: bytes | None = None,
                audio: np.ndarray | None = None) -> tuple[str, list[list[int]], np.ndarray]:
     """(reply text, codec ids as [frames][1], waveform) of transformers' generate(return_audio=True)."""
     model, processor = ref["model"], ref["processor"]
@@ -97,7 +97,7 @@ def _reference(ref, text: str, speaker: str, image: bytes | None = None,
     torch.manual_seed(SEED)
     with torch.no_grad():
         seq, waveform = model.generate(
-            **inputs, speaker=speaker, thinker_max_new_tokens=THINKER["max_tokens"],
+            **inputs, speaker=voice, thinker_max_new_tokens=THINKER["max_tokens"],
             thinker_do_sample=False, talker_do_sample=False,
             talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops)
     codes = ref["codes"]["last"]
@@ -107,9 +107,9 @@ def _reference(ref, text: str, speaker: str, image: bytes | None = None,
     return reply, [[c] for c in codes], waveform.numpy()  # one codebook: a code per frame
 
 
-def _served(url: str, text: str, speaker: str, *, stream_audio: bool, image=None, audio=None):
+def _served(url: str, text: str, voice: str, *, stream_audio: bool, image=None, audio=None):
     return run_omni(url, text=text, modalities=["text", "audio"], sampling=THINKER, seed=SEED,
-                    speaker=speaker, talker_sampling=TALKER, stream_audio=stream_audio,
+                    voice=voice, talker_sampling=TALKER, stream_audio=stream_audio,
                     return_codec_ids=True, image=image, audio=wav(audio) if audio is not None else None)
 
 
@@ -124,15 +124,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("speaker", ["Chelsie", "Ethan"])
+@pytest.mark.parametrize("voice", ["Chelsie", "Ethan"])
 @pytest.mark.parametrize("case", CASES)
-def test_speech_equals_qwen25_omni_in_transformers(url, reference, case, speaker):
+def test_speech_equals_qwen25_omni_in_transformers(url, reference, case, voice):
     media = CASES[case]
     question = "tell me what you see and hear"
-    want_text, want_codes, want_wave = _reference(reference, question, speaker, **media)
+    want_text, want_codes, want_wave = _reference(reference, question, voice, **media)
     assert want_codes, "the reference talker produced no codes"
 
-    whole = _served(url, question, speaker, stream_audio=False, **media)
+    whole = _served(url, question, voice, stream_audio=False, **media)
     assert whole.error is None, whole.error
     assert whole.text == want_text
     assert whole.codec_ids == want_codes
@@ -140,14 +140,14 @@ def test_speech_equals_qwen25_omni_in_transformers(url, reference, case, speaker
     assert whole.audio.shape == want_wave.shape
     assert np.abs(whole.audio - want_wave).max() < 1e-4
 
-    streamed = _served(url, question, speaker, stream_audio=True, **media)
+    streamed = _served(url, question, voice, stream_audio=True, **media)
     assert streamed.error is None, streamed.error
     assert streamed.codec_ids == want_codes
     assert streamed.audio.shape == want_wave.shape
     assert _snr_db(want_wave, streamed.audio) > STREAMED_SNR_DB
 
 
-def test_the_speakers_sound_different(url):
+def test_the_voices_sound_different(url):
     a, b = (_served(url, "say something", s, stream_audio=False) for s in ("Chelsie", "Ethan"))
     assert a.error is None and b.error is None
     assert a.audio.shape == b.audio.shape and np.abs(a.audio - b.audio).max() > 1e-2
@@ -155,7 +155,7 @@ def test_the_speakers_sound_different(url):
 
 @pytest.mark.parametrize("concurrency", [2, 4])
 def test_concurrent_speech_equals_each_alone(url, concurrency):
-    requests = [dict(text=f"question number {i}?", speaker=("Chelsie", "Ethan")[i % 2],
+    requests = [dict(text=f"question number {i}?", voice=("Chelsie", "Ethan")[i % 2],
                      stream_audio=bool(i % 2)) for i in range(concurrency)]
     alone = [_served(url, **r) for r in requests]
     with ThreadPoolExecutor(concurrency) as pool:
@@ -166,15 +166,15 @@ def test_concurrent_speech_equals_each_alone(url, concurrency):
         assert b.audio.shape == a.audio.shape and np.abs(b.audio - a.audio).max() < 1e-4
 
 
-def test_an_unknown_speaker_is_invalid_and_names_the_known_ones(url):
+def test_an_unknown_voice_is_invalid_and_names_the_known_ones(url):
     result = _served(url, "hello", "Nobody", stream_audio=False)
     assert error_code(result.error) == "INVALID_ARG"
     message = str(result.error)
-    assert "speaker" in message and "Chelsie" in message and "Ethan" in message
+    assert "voice" in message and "Chelsie" in message and "Ethan" in message
     assert run_omni(url, text="still serving?", sampling=THINKER).error is None
 
 
-def test_an_openai_voice_speaks_with_its_mapped_speaker(url):
+def test_an_openai_voice_speaks_with_its_mapped_voice(url):
     alloy = _served(url, "say something", "alloy", stream_audio=False)
     chelsie = _served(url, "say something", "Chelsie", stream_audio=False)
     assert alloy.error is None, alloy.error

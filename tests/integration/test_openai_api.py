@@ -21,7 +21,7 @@ from tests.wav_check import assert_pcm16_wav, read_wave
 
 pytestmark = pytest.mark.integration
 
-VOICE = "Ethan"  # a voice of the embedded Token2Wav (speakers.json)
+VOICE = "Ethan"  # a voice of the checkpoint
 GREEDY = {"temperature": 0, "seed": 7}
 
 
@@ -92,7 +92,7 @@ def test_chat_with_audio_out_streamed_and_whole(client, omni_chat_server):
     # the same request through the SDK: its float samples are the WAV's, within one PCM16
     # step, read by Python's wave module as by soundfile (the header has the real length)
     with OmniClient(omni_chat_server.grpc_url) as sdk:
-        floats = sdk.chat("say something", modalities=["text", "audio"], speaker=VOICE,
+        floats = sdk.chat("say something", modalities=["text", "audio"], voice=VOICE,
                           seed=GREEDY["seed"], sampling_parameters={"max_tokens": 16, **GREEDY})
     assert floats.text == audio.transcript
     assert_pcm16_wav(wav, floats.audio, 24000)
@@ -114,7 +114,7 @@ def test_chat_with_audio_out_streamed_and_whole(client, omni_chat_server):
 
 
 def test_openai_voices_speak_and_the_talker_options_pass_through(client):
-    """What OpenAI apps send (voice alloy) is a speaker of the checkpoint; codec ids come back."""
+    """What OpenAI apps send (voice alloy) maps onto a voice of the checkpoint; codec ids come back."""
     kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
                   modalities=["text", "audio"], **GREEDY)
     extra = {"talker_sampling_parameters": {"temperature": 0, "max_tokens": 24},
@@ -217,7 +217,7 @@ def test_audio_speech_formats_and_streaming(client, omni_chat_server):
     ({"modalities": ["text", "audio"], "audio": {"voice": VOICE, "format": "wav"},
       "stream": True}, 400, "audio.format", "pcm16"),
     ({"modalities": ["text", "audio"], "audio": {"voice": "nobody", "format": "wav"}},
-     400, None, "speaker"),
+     400, None, "voice: unknown voice 'nobody'"),
     ({"messages": _user("x", {"type": "image_url", "image_url": {"url": "http://x/y.png"}})},
      400, "messages.0.content.1.image_url.url", "data: URLs"),
     ({"messages": _user("x", {"type": "image_url", "image_url": {
@@ -245,7 +245,7 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(client, kwargs, s
 def test_bad_speech_and_image_requests(client):
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.audio.speech.create(model="omni", voice=VOICE, input="x", response_format="mp3")
-    with pytest.raises(openai.BadRequestError, match="speaker"):
+    with pytest.raises(openai.BadRequestError, match="voice: unknown voice 'nobody'"):
         client.audio.speech.create(model="omni", voice="nobody", input="hello")
     with pytest.raises(openai.BadRequestError, match="size"):
         client.images.generate(model="text_to_image", prompt="x", size="big")

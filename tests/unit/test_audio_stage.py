@@ -46,7 +46,7 @@ torch.set_num_threads(1)
 STEPS = 3
 TOLERANCE = 1e-5
 SPC = 480  # samples per code of the real architecture (2 mel frames x 240)
-LIMITS = AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"), default_speaker="Chelsie",
+LIMITS = AudioLimits(codec_vocab=512, voices=("Chelsie", "Ethan"), default_voice="Chelsie",
                      max_codec_tokens=64)
 RNG = np.random.default_rng(0)
 STREAM = RNG.integers(0, 512, (96, 1))  # [frames, 1]: one code a frame
@@ -57,7 +57,7 @@ def tensors(codes=(1, 2, 3), **extra) -> dict[str, np.ndarray | None]:
     if codes is not None:
         codes = np.asarray(codes)
         codes = codes.reshape(-1, 1) if codes.ndim == 1 else codes
-    out: dict[str, np.ndarray | None] = {AUDIO.CODEC_TOKENS: codes}
+    out: dict[str, np.ndarray | None] = {AUDIO.CODEC_IDS: codes}
     dtypes = {AUDIO.CONTEXT_TOKENS: np.int32, AUDIO.SEED: np.int64, AUDIO.CODE_OFFSET: np.int64}
     for name, value in extra.items():
         if isinstance(value, str):
@@ -67,9 +67,9 @@ def tensors(codes=(1, 2, 3), **extra) -> dict[str, np.ndarray | None]:
     return out
 
 
-def req(n: int = 16, seed: int = 1, context: int = 0, speaker: str = "Chelsie", start: int = 0,
+def req(n: int = 16, seed: int = 1, context: int = 0, voice: str = "Chelsie", start: int = 0,
         lookahead: int = 0) -> AudioRequest:
-    return AudioRequest(codes=STREAM[start:start + n], context=context, speaker=speaker, seed=seed,
+    return AudioRequest(codes=STREAM[start:start + n], context=context, voice=voice, seed=seed,
                         lookahead=lookahead)
 
 
@@ -77,44 +77,49 @@ def req(n: int = 16, seed: int = 1, context: int = 0, speaker: str = "Chelsie", 
 def test_config_defaults_and_unknown_keys_are_an_error():
     cfg = AudioStageConfig(model="m")
     assert (cfg.num_steps, cfg.guidance_scale, cfg.sway_coefficient) == (None, None, None)
-    assert cfg.dtype == "float32" and cfg.device == "cpu" and cfg.default_speaker is None
+    assert cfg.dtype == "float32" and cfg.device == "cpu" and cfg.default_voice is None
     with pytest.raises(ValidationError, match="extra"):
         AudioStageConfig(model="m", steps=3)
     with pytest.raises(ValidationError, match="num_steps"):
         AudioStageConfig(model="m", num_steps=1)
     with pytest.raises(ValidationError, match="device"):
         AudioStageConfig(model="m", device="tpu")
-    with pytest.raises(ValidationError, match="default_speaker=' Ethan'"):
-        AudioStageConfig(model="m", default_speaker=" Ethan")
+    with pytest.raises(ValidationError, match="default_voice=' Ethan'"):
+        AudioStageConfig(model="m", default_voice=" Ethan")
+
+
+def test_the_old_name_of_default_voice_is_an_error_naming_the_new_one():
+    with pytest.raises(ValidationError, match="default_speaker: renamed to default_voice"):
+        AudioStageConfig(model="m", default_speaker="Ethan")
 
 
 # --- request parsing ---------------------------------------------------------------
 def test_defaults_fill_missing_fields():
     r = parse_request(tensors([[[5], [6], [7]]]), LIMITS)  # [1, frames, 1] as the batcher delivers it
     assert r.codes.tolist() == [[5], [6], [7]] and r.codes.dtype == np.int64
-    assert (r.context, r.speaker, r.offset, r.lookahead, r.new_codes) == (0, "Chelsie", 0, 0, 3)
+    assert (r.context, r.voice, r.offset, r.lookahead, r.new_codes) == (0, "Chelsie", 0, 0, 3)
     assert parse_request(tensors(), LIMITS).seed != parse_request(tensors(), LIMITS).seed
 
 
 def test_given_fields_are_kept():
-    r = parse_request(tensors([0, 511, 9], context_tokens=2, speaker="Ethan", seed=-3), LIMITS)
-    assert (r.context, r.speaker, r.seed, r.new_codes) == (2, "Ethan", -3, 1)
+    r = parse_request(tensors([0, 511, 9], context_tokens=2, voice="Ethan", seed=-3), LIMITS)
+    assert (r.context, r.voice, r.seed, r.new_codes) == (2, "Ethan", -3, 1)
 
 
 @pytest.mark.parametrize(("inputs", "field", "message"), [
-    (tensors(None), AUDIO.CODEC_TOKENS, "is required"),
-    (tensors(np.zeros((1, 0, 1), np.int64)), AUDIO.CODEC_TOKENS, "must not be empty"),
-    (tensors([[1, 2], [3, 4]]), AUDIO.CODEC_TOKENS, r"expected shape \[frames, 1\] .* got \[2, 2\]"),
-    (tensors() | {AUDIO.CODEC_TOKENS: np.arange(3)}, AUDIO.CODEC_TOKENS,
+    (tensors(None), AUDIO.CODEC_IDS, "is required"),
+    (tensors(np.zeros((1, 0, 1), np.int64)), AUDIO.CODEC_IDS, "must not be empty"),
+    (tensors([[1, 2], [3, 4]]), AUDIO.CODEC_IDS, r"expected shape \[frames, 1\] .* got \[2, 2\]"),
+    (tensors() | {AUDIO.CODEC_IDS: np.arange(3)}, AUDIO.CODEC_IDS,
      r"expected shape \[frames, 1\] \(1 code a frame\), got \[3\]"),
-    (tensors([1.0, 2.0]), AUDIO.CODEC_TOKENS, "must be integers"),
-    (tensors([3, 512]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got 512 at frame 1"),
-    (tensors([-1, 4]), AUDIO.CODEC_TOKENS, r"codes must be in \[0, 512\), got -1 at frame 0"),
-    (tensors(range(65)), AUDIO.CODEC_TOKENS, "at most 64 frames per request .* got 65"),
+    (tensors([1.0, 2.0]), AUDIO.CODEC_IDS, "must be integers"),
+    (tensors([3, 512]), AUDIO.CODEC_IDS, r"codes must be in \[0, 512\), got 512 at frame 1"),
+    (tensors([-1, 4]), AUDIO.CODEC_IDS, r"codes must be in \[0, 512\), got -1 at frame 0"),
+    (tensors(range(65)), AUDIO.CODEC_IDS, "at most 64 frames per request .* got 65"),
     (tensors(context_tokens=-1), AUDIO.CONTEXT_TOKENS, "must be between 0 and 2 .* got -1"),
     (tensors(context_tokens=3), AUDIO.CONTEXT_TOKENS, "must be between 0 and 2 .* got 3"),
-    (tensors(speaker="Nobody"), AUDIO.SPEAKER, "unknown voice 'Nobody'; known voices: Chelsie, Ethan"),
-    (tensors(speaker="x") | {AUDIO.SPEAKER: np.array([b"\xff"], dtype=object)}, AUDIO.SPEAKER,
+    (tensors(voice="Nobody"), AUDIO.VOICE, "unknown voice 'Nobody'; known voices: Chelsie, Ethan"),
+    (tensors(voice="x") | {AUDIO.VOICE: np.array([b"\xff"], dtype=object)}, AUDIO.VOICE,
      "not valid UTF-8"),
     (tensors() | {AUDIO.SEED: np.array([1.5])}, AUDIO.SEED, "must be an integer"),
     (tensors() | {AUDIO.CONTEXT_TOKENS: np.array([1, 2], dtype=np.int32)}, AUDIO.CONTEXT_TOKENS,
@@ -248,8 +253,8 @@ def reference(tiny_omni_checkpoint):
 
 
 def test_runner_reads_limits_and_timing_from_the_checkpoint(runner, own_runner):
-    assert runner.limits == AudioLimits(codec_vocab=512, speakers=("Chelsie", "Ethan"),
-                                        default_speaker="Chelsie", max_codec_tokens=128,
+    assert runner.limits == AudioLimits(codec_vocab=512, voices=("Chelsie", "Ethan"),
+                                        default_voice="Chelsie", max_codec_tokens=128,
                                         max_utterance_codes=16384)
     assert (runner.sample_rate, runner.samples_per_code, runner.context.align) == (24000, SPC, 12)
     assert runner.context == ChunkContext(21, 32, 12)
@@ -271,8 +276,8 @@ def _copy(folder: Path, out: Path, *, drop_file: str | None = None, drop_key: st
 
 
 def test_runner_rejects_settings_the_checkpoint_cannot_serve(tiny_omni_checkpoint, tmp_path):
-    with pytest.raises(ValueError, match="default_speaker='Nobody' .* known voices: Chelsie, Ethan"):
-        AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), default_speaker="Nobody"))
+    with pytest.raises(ValueError, match="default_voice='Nobody' .* known voices: Chelsie, Ethan"):
+        AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), default_voice="Nobody"))
     with pytest.raises(ValueError, match="max_codec_tokens=20000 exceeds the 16384 frames"):
         AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint), max_codec_tokens=20000))
     with pytest.raises(FileNotFoundError, match="spk_dict.pt is missing"):
@@ -290,26 +295,26 @@ def test_runner_rejects_settings_the_checkpoint_cannot_serve(tiny_omni_checkpoin
 
 def test_the_stand_alone_token2wav_folder_still_loads(tiny_omni_checkpoint, runner):
     old = AudioRunner(AudioStageConfig(model=str(tiny_omni_checkpoint.parent / "token2wav"), num_steps=STEPS))
-    assert old.limits.speakers == runner.limits.speakers
+    assert old.limits.voices == runner.limits.voices
     assert old.run([req(12, seed=2)])[0].tobytes() == runner.run([req(12, seed=2)])[0].tobytes()
 
 
-@pytest.mark.parametrize("speaker", ["Chelsie", "Ethan"])
+@pytest.mark.parametrize("voice", ["Chelsie", "Ethan"])
 @pytest.mark.parametrize("n", [17, 60])
-def test_a_whole_utterance_is_what_transformers_token2wav_gives(own_runner, reference, speaker, n):
+def test_a_whole_utterance_is_what_transformers_token2wav_gives(own_runner, reference, voice, n):
     model, voices = reference
-    (got,) = own_runner.run([AudioRequest(codes=STREAM[:n], context=0, speaker=speaker, seed=23)])
+    (got,) = own_runner.run([AudioRequest(codes=STREAM[:n], context=0, voice=voice, seed=23)])
     torch.manual_seed(23)
     with torch.inference_mode():
-        want = model.token2wav(torch.from_numpy(STREAM[None, :n, 0]), conditioning=voices[speaker]["cond"],
-                               reference_mel=voices[speaker]["ref_mel"]).numpy()
+        want = model.token2wav(torch.from_numpy(STREAM[None, :n, 0]), conditioning=voices[voice]["cond"],
+                               reference_mel=voices[voice]["ref_mel"]).numpy()
     assert got.shape == want.shape == (n * SPC,)
     assert np.abs(got - want).max() <= 1e-4 and want.std() > 0.01
 
 
-def test_unknown_speaker_names_the_checkpoint_voices(runner):
+def test_an_unknown_voice_names_the_checkpoint_voices(runner):
     with pytest.raises(RequestError, match="unknown voice 'Nobody'; known voices: Chelsie, Ethan"):
-        parse_request(tensors(speaker="Nobody"), runner.limits)
+        parse_request(tensors(voice="Nobody"), runner.limits)
     with pytest.raises(RequestError, match="must be between 0 and 16381 .* at most 16384 frames"):
         parse_request(tensors(code_offset=16382), runner.limits)
 
@@ -341,7 +346,7 @@ def test_output_is_the_audio_of_the_codes_after_the_context(runner):
 def test_a_seeded_chunk_sounds_the_same_alone_or_batched(runner):
     one = req(16, seed=7, context=4, start=10)
     (alone,) = runner.run([one])
-    batched = runner.run([req(16, seed=8, speaker="Ethan", start=40), one, req(16, seed=9)])
+    batched = runner.run([req(16, seed=8, voice="Ethan", start=40), one, req(16, seed=9)])
     assert np.abs(batched[1] - alone).max() <= TOLERANCE
     assert np.abs(batched[0] - batched[2]).max() > 0.01  # batch-mates are different audio
 
@@ -356,7 +361,7 @@ def test_lengths_split_into_groups_in_request_order(runner, monkeypatch):
 
 
 def test_a_failing_group_does_not_fail_other_requests(runner, monkeypatch):
-    good = [req(16, seed=1), req(16, seed=2, speaker="Ethan")]
+    good = [req(16, seed=1), req(16, seed=2, voice="Ethan")]
     expected = runner.run(good)
     real = runner._decode
 
@@ -401,13 +406,13 @@ def test_noise_is_the_rows_of_the_utterance_draw_transformers_makes(runner):
 
 
 def test_chunks_with_the_checkpoint_context_match_the_whole_decode(own_runner):
-    (whole,) = own_runner.run([AudioRequest(codes=STREAM, context=0, speaker="Chelsie", seed=4)])
+    (whole,) = own_runner.run([AudioRequest(codes=STREAM, context=0, voice="Chelsie", seed=4)])
 
     def streamed(ctx: ChunkContext) -> float:
         spans = chunk_plan(len(STREAM), 0, 24, ctx.left, final=True, right_context=ctx.right,
                            align=ctx.align)
         chunks = own_runner.run([AudioRequest(codes=STREAM[s.first:s.last], context=s.context,
-                                              speaker="Chelsie", seed=4, offset=s.first,
+                                              voice="Chelsie", seed=4, offset=s.first,
                                               lookahead=s.lookahead) for s in spans])
         out = np.concatenate(chunks)
         assert out.shape == whole.shape
@@ -480,12 +485,12 @@ def test_adapter_answers_each_request_and_adds_the_batch_dimension(tiny_omni_che
     model.initialize({"model_name": "audio", "model_repository": str(tmp_path)})
 
     good = tensors([STREAM[:10]], context_tokens=2, seed=1)  # [1, frames, 1] with the batch dimension
-    out = model.execute([good, tensors([[[600]]]), tensors([STREAM[:10]], speaker="Ethan", seed=1)])
+    out = model.execute([good, tensors([[[600]]]), tensors([STREAM[:10]], voice="Ethan", seed=1)])
     assert out[0].error is None and out[0].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 8 * SPC)
     assert out[0].outputs[AUDIO.AUDIO_CHUNK].dtype == np.float32
     assert out[0].outputs[AUDIO.SAMPLE_RATE].tolist() == [[24000]]
     assert out[1].error.code == "INVALID_ARG"
-    assert "codec_tokens: codes must be in [0, 512)" in str(out[1].error)
+    assert "codec_ids: codes must be in [0, 512)" in str(out[1].error)
     assert out[2].outputs[AUDIO.AUDIO_CHUNK].shape == (1, 10 * SPC)
     assert model._execute._batch.values == [3]
     assert model._seconds.values == [8 * SPC / 24000, 10 * SPC / 24000]

@@ -26,8 +26,8 @@ def test_transformers_both_sides_ask_for_the_same_lengths() -> None:
     assert served["sampling_parameters"] == {"max_tokens": 32, "ignore_eos": True,
                                              "temperature": 0}
     assert served["talker_sampling"] == {"max_tokens": 64, "min_tokens": 64, "temperature": 0}
-    assert served["modalities"] == ["text", "audio"] and served["speaker"] == "Chelsie"
-    assert local["return_audio"] is True and local["speaker"] == "Chelsie"
+    assert served["modalities"] == ["text", "audio"] and served["voice"] == "Chelsie"
+    assert local["return_audio"] is True and local["speaker"] == "Chelsie"  # transformers' name
     # min = max on the thinker and the talker: EOS and the codec stops are held back
     assert local["thinker_max_new_tokens"] == local["thinker_min_new_tokens"] == 32
     assert local["talker_max_new_tokens"] == local["talker_min_new_tokens"] == 64

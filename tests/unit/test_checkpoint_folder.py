@@ -131,7 +131,7 @@ def test_a_text_only_folder_generates_a_repository_without_speech(omni_dir, tmp_
     assert not (repo / "talker").exists() and not (repo / "audio_decoder").exists()
     omni = json.loads((repo / "omni" / "engine.json").read_text())
     assert not set(SPEECH_STAGES) & set(omni["stages"])
-    assert "left_context_codes" not in omni and "speakers" not in omni
+    assert "left_context_codes" not in omni and "voices" not in omni
     # the user is told, with what is missing
     assert "note: audio_decoder, talker left out, the repository serves text" in text
     assert "no token2wav.* weights, which the audio_decoder stage needs" in text

@@ -107,12 +107,12 @@ DIT_CONFIG = {"backend": "omni_dit", "max_batch_size": 8}
 def test_omni_inputs_carry_every_field_with_the_contract_dtype_and_shape():
     tensors = pio.omni_inputs(
         "héllo", image=b"\x89PNG...", audio=b"RIFF...", modalities=["text", "audio"],
-        sampling_parameters={"max_tokens": 4, "temperature": 0}, speaker="Ethan", seed=7,
+        sampling_parameters={"max_tokens": 4, "temperature": 0}, voice="Ethan", seed=7,
         task="chat", extra={OMNI.SESSION_ID: "s-1"})
 
     by_name = {t.name(): t for t in tensors}
     assert set(by_name) == {OMNI.TEXT_INPUT, OMNI.IMAGE, OMNI.AUDIO, OMNI.MODALITIES,
-                            OMNI.SAMPLING_PARAMETERS, OMNI.SPEAKER, OMNI.SEED, OMNI.TASK,
+                            OMNI.SAMPLING_PARAMETERS, OMNI.VOICE, OMNI.SEED, OMNI.TASK,
                             OMNI.SESSION_ID}
     for name, tensor in by_name.items():
         assert tensor.datatype() == OMNI_CONTRACT.input(name).wire_dtype
@@ -123,7 +123,7 @@ def test_omni_inputs_carry_every_field_with_the_contract_dtype_and_shape():
     assert values[OMNI.AUDIO][0] == b"RIFF..."
     assert [m.decode() for m in values[OMNI.MODALITIES]] == ["text", "audio"]
     assert json.loads(values[OMNI.SAMPLING_PARAMETERS][0]) == {"max_tokens": 4, "temperature": 0}
-    assert values[OMNI.SPEAKER][0] == b"Ethan"
+    assert values[OMNI.VOICE][0] == b"Ethan"
     assert values[OMNI.SEED].dtype == np.int64 and values[OMNI.SEED][0] == 7
     assert values[OMNI.TASK][0] == b"chat"
     assert values[OMNI.SESSION_ID][0] == b"s-1"
@@ -261,7 +261,7 @@ def test_the_model_kind_comes_from_the_backend(config, kind):
 def test_an_omni_model_gets_the_omni_tensors_streamed():
     prepared = _calls.prepare_stream("omni", OMNI_CONFIG, "hi", image=png_bytes(),
                                      audio=(tone(), 24000), modalities=["text", "audio"],
-                                     max_tokens=5, temperature=0, speaker="Ethan", seed=3)
+                                     max_tokens=5, temperature=0, voice="Ethan", seed=3)
 
     assert prepared.model == "omni" and not prepared.unary
     values = tensor_values(prepared.inputs)
@@ -289,13 +289,13 @@ def test_an_llm_model_gets_the_llm_tensors_and_a_final_from_its_deltas():
     assert prepared.finish() == [Final("stop", Usage(3, 1))]
 
 
-def test_an_llm_model_refuses_media_and_speaker_naming_them():
+def test_an_llm_model_refuses_media_and_voice_naming_them():
     with pytest.raises(BadRequestError) as caught:
-        _calls.prepare_stream("llm", LLM_CONFIG, "hi", image=b"png", audio=b"wav", speaker="Ethan")
+        _calls.prepare_stream("llm", LLM_CONFIG, "hi", image=b"png", audio=b"wav", voice="Ethan")
 
     message = str(caught.value)
     assert "'llm' is a llm model" in message
-    for name in ("image", "audio", "speaker"):
+    for name in ("image", "audio", "voice"):
         assert name in message
 
 
@@ -532,7 +532,7 @@ def test_speech_asks_the_pipeline_to_read_aloud():
     speech = client_over(fake).speech("read this", voice="Ethan", seed=2)
 
     values = tensor_values(fake.requests[0]["inputs"])
-    assert values[OMNI.TASK][0] == b"speech" and values[OMNI.SPEAKER][0] == b"Ethan"
+    assert values[OMNI.TASK][0] == b"speech" and values[OMNI.VOICE][0] == b"Ethan"
     assert speech.sample_rate == 24000 and speech.samples.size == 360
 
 
@@ -647,8 +647,8 @@ def test_a_chat_for_an_llm_model_goes_as_messages_for_its_chat_template():
 def test_a_bad_argument_for_the_model_kind_is_raised_before_anything_is_sent():
     fake = FakeServer(STREAMED)
 
-    with pytest.raises(BadRequestError, match="speaker"):
-        client_over(fake).stream("hi", model="llm", speaker="Ethan")
+    with pytest.raises(BadRequestError, match="voice"):
+        client_over(fake).stream("hi", model="llm", voice="Ethan")
     assert "stream" not in fake.calls
 
 
@@ -746,7 +746,7 @@ def test_cli_chat_streams_the_text_to_stdout_and_a_summary_to_stderr(fake_client
     assert (name, args) == ("stream", ("hi there",))
     assert kwargs["max_tokens"] == 3 and kwargs["temperature"] == 0.0 and kwargs["seed"] == 5
     assert kwargs["model"] == "omni" and kwargs["modalities"] is None
-    assert kwargs["image"] is None and kwargs["audio"] is None and kwargs["speaker"] is None
+    assert kwargs["image"] is None and kwargs["audio"] is None and kwargs["voice"] is None
     assert client.closed and client.stream_closed
     # not a terminal: one summary line, nothing redrawn
     assert "\r" not in err and err.count("\n") == 1
@@ -763,7 +763,7 @@ def test_cli_chat_audio_out_asks_for_speech_and_writes_it(fake_client, tmp_path,
 
     assert code == 0 and out == "Hello world\n"
     kwargs = fake_client.instances[0].calls[0][2]
-    assert kwargs["modalities"] == ["text", "audio"] and kwargs["speaker"] == "Ethan"
+    assert kwargs["modalities"] == ["text", "audio"] and kwargs["voice"] == "Ethan"
     assert kwargs["image"] == "cat.png" and kwargs["audio"] == "q.wav"
     samples, rate = sf.read(path, dtype="float32")
     assert sf.info(path).format == fmt and rate == 24000 and samples.size == 3600
@@ -931,7 +931,7 @@ def test_cli_models_all_also_lists_the_internal_ones(fake_client):
 
 
 @pytest.mark.parametrize(("error", "code"), [
-    (BadRequestError("speaker: unknown voice 'Nobody'"), 2),
+    (BadRequestError("voice: unknown voice 'Nobody'"), 2),
     (UnavailableError("failed to connect", status="StatusCode.UNAVAILABLE"), 3),
     (ServerError("engine died"), 1),
     (RuntimeError("something odd"), 1),
@@ -949,14 +949,14 @@ def test_cli_errors_are_one_line_and_an_exit_code(fake_client, error, code):
 def test_cli_a_failure_mid_stream_keeps_the_text_and_reports_the_error(fake_client, tmp_path):
     def failing():
         yield TextDelta("partial")
-        raise BadRequestError("speaker: unknown voice 'Nobody'")
+        raise BadRequestError("voice: unknown voice 'Nobody'")
 
     fake_client.events = failing()
 
     code, out, err = run_cli("chat", "hi", "--audio-out", str(tmp_path / "r.wav"))
 
     assert code == 2 and out == "partial\n"
-    assert err == "error: speaker: unknown voice 'Nobody'\n"
+    assert err == "error: voice: unknown voice 'Nobody'\n"
     assert not (tmp_path / "r.wav").exists()
 
 

@@ -114,14 +114,14 @@ def test_chat_results_concatenate_the_codec_ids_and_default_to_none():
 def test_the_sync_client_sends_the_options_and_gathers_the_codec_ids():
     fake = FakeServer(CODEC_STREAM)
 
-    reply = client_over(fake).chat("hi", modalities=["text", "audio"], speaker="alloy",
+    reply = client_over(fake).chat("hi", modalities=["text", "audio"], voice="alloy",
                                    talker_sampling={"top_p": 0.5}, stream_audio=False,
                                    return_codec_ids=True)
 
     values = tensor_values(fake.requests[0]["inputs"])
     assert json.loads(values[OMNI.TALKER_SAMPLING_PARAMETERS][0]) == {"top_p": 0.5}
     assert not values[OMNI.STREAM_AUDIO][0] and values[OMNI.RETURN_CODEC_IDS][0]
-    assert values[OMNI.SPEAKER][0] == b"alloy"  # the orchestrator maps voices, not the SDK
+    assert values[OMNI.VOICE][0] == b"alloy"  # the orchestrator maps voices, not the SDK
     assert reply.codec_ids == CODEC_FRAMES and reply.text == "Hi" and reply.audio.size == 240
 
 

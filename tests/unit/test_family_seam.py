@@ -33,11 +33,11 @@ class FourWaySpeech:
     def talker_ready(self, reply: ThinkerReply) -> bool:
         return len(reply.reply_ids) >= 3
 
-    def talker_inputs(self, reply, media, speaker, sampling):
+    def talker_inputs(self, reply, media, voice, sampling):
         return {"reply_token_ids": np.array(reply.reply_ids, np.int64),
                 TALKER.SAMPLING_PARAMETERS: np.array([json.dumps(sampling).encode()], np.object_)}
 
-    def decoder_inputs(self, chunk: DecoderChunk, seed, speaker):
+    def decoder_inputs(self, chunk: DecoderChunk, seed, voice):
         return {"frames": chunk.frames, "left": np.array([chunk.context]),
                 "right": np.array([chunk.lookahead]), "at": np.array([chunk.offset])}
 

@@ -63,7 +63,7 @@ def test_chat_passes_the_talker_extensions_and_the_voice_as_it_came(served):
     call = front.client.calls[0]
     assert call["talker_sampling"] == {"temperature": 0, "top_k": 5}
     assert call["stream_audio"] is False and call["return_codec_ids"] is True
-    assert call["speaker"] == "alloy"  # the orchestrator's voice_map maps it
+    assert call["voice"] == "alloy"  # the orchestrator's voice_map maps it
     audio = response.json()["choices"][0]["message"]["audio"]
     assert audio["codec_ids"] == FRAMES and audio["transcript"] == "Hi"
 
@@ -143,7 +143,7 @@ def test_speech_passes_the_talker_extensions(served):
 
     assert response.status_code == 200, response.text
     call = front.client.calls[0]
-    assert call["task"] == "speech" and call["speaker"] == "Nova"
+    assert call["task"] == "speech" and call["voice"] == "Nova"
     assert call["talker_sampling"] == {"repetition_penalty": 1.2}
     assert call["stream_audio"] is False
     assert len(response.content) == 240 * 2  # pcm16 of the one chunk

@@ -104,7 +104,7 @@ class ScriptedStages:
             frames = 20 + len(bytes(inputs[ENCODER.MEDIA].reshape(-1)[0]))
             return {ENCODER.FEATURES: np.full((1, MEL_BINS, frames), 0.25, np.float32)}
         if model == "dec":
-            codes = inputs[AUDIO.CODEC_TOKENS].reshape(-1).tolist()
+            codes = inputs[AUDIO.CODEC_IDS].reshape(-1).tolist()
             context = int(inputs[AUDIO.CONTEXT_TOKENS].reshape(-1)[0])
             lookahead = int(inputs[AUDIO.LOOKAHEAD_TOKENS].reshape(-1)[0])
             offset = int(inputs[AUDIO.CODE_OFFSET].reshape(-1)[0])

@@ -79,14 +79,14 @@ def test_the_thinker_keeps_its_rows_for_the_talker_only_when_audio_is_asked_for(
         assert thinker[name].tolist() == value.tolist() == [True], name
 
 
-def test_one_talker_request_names_the_thinkers_file_prompt_media_speaker_and_sampling():
+def test_one_talker_request_names_the_thinkers_file_prompt_media_voice_and_sampling():
     talker_sampling = {"temperature": 0.3, "max_tokens": 50}
-    _, stages = speak(image=b"img-bytes", audio=b"wav", speaker=b"Ethan", seed=5,
+    _, stages = speak(image=b"img-bytes", audio=b"wav", voice=b"Ethan", seed=5,
                       **{OMNI.TALKER_SAMPLING_PARAMETERS: json.dumps(talker_sampling).encode()})
     (talker,) = stages.talker_requests()
     (thinker,) = stages.thinker_requests()
     assert set(talker) == {TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS,
-                           TALKER.SAMPLING_PARAMETERS, TALKER.SPEAKER,
+                           TALKER.SAMPLING_PARAMETERS, TALKER.VOICE,
                            TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS}
     (path,) = stages.thinker_files
     assert talker[TALKER.THINKER_HIDDEN_STATES_FILE].tolist() == [path.encode()]
@@ -96,7 +96,7 @@ def test_one_talker_request_names_the_thinkers_file_prompt_media_speaker_and_sam
     assert talker[TALKER.IMAGE_GRID_THW].tolist() == thinker[LLM.IMAGE_GRID_THW].tolist()
     assert (talker[TALKER.AUDIO_FEATURE_LENGTHS].tolist()
             == thinker[LLM.AUDIO_FEATURE_LENGTHS].tolist())
-    assert talker[TALKER.SPEAKER].tolist() == [b"Ethan"]
+    assert talker[TALKER.VOICE].tolist() == [b"Ethan"]
     # the config's defaults, the request's fields over them, and the request's seed
     sampling = json.loads(talker[TALKER.SAMPLING_PARAMETERS][0])
     assert sampling == {"temperature": 0.3, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05,
@@ -104,10 +104,10 @@ def test_one_talker_request_names_the_thinkers_file_prompt_media_speaker_and_sam
     assert stages.files_seen_by_talker == [True]
 
 
-def test_without_media_or_speaker_the_talker_gets_neither():
+def test_without_media_or_voice_the_talker_gets_neither():
     _, stages = speak(seed=9)
     (talker,) = stages.talker_requests()
-    assert not {TALKER.SPEAKER, TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS} & set(talker)
+    assert not {TALKER.VOICE, TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS} & set(talker)
     sampling = json.loads(talker[TALKER.SAMPLING_PARAMETERS][0])
     assert sampling == {**config().talker_sampling, "seed": 9}
 

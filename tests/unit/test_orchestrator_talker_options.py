@@ -176,16 +176,16 @@ def test_talker_options_without_speech_are_checked_then_unused():
 
 # --- voices ------------------------------------------------------------------------
 
-QWEN = config(speakers=["Chelsie", "Ethan"])
+QWEN = config(voices=["Chelsie", "Ethan"])
 
 
-@pytest.mark.parametrize("voice,speaker", [
+@pytest.mark.parametrize("voice,expected", [
     ("alloy", "Chelsie"), ("ALLOY", "Chelsie"), ("Nova", "Chelsie"), ("shimmer", "Chelsie"),
     ("echo", "Ethan"), ("Onyx", "Ethan"), ("verse", "Ethan"),
     ("Chelsie", "Chelsie"), ("Ethan", "Ethan"),
 ])
-def test_openai_voices_map_onto_the_checkpoint_speakers_in_any_case(voice, speaker):
-    assert parse(QWEN, speaker=voice.encode()).speaker == speaker
+def test_openai_voices_map_onto_the_checkpoint_voices_in_any_case(voice, expected):
+    assert parse(QWEN, voice=voice.encode()).voice == expected
 
 
 def test_every_openai_voice_has_a_default_alias():
@@ -195,49 +195,54 @@ def test_every_openai_voice_has_a_default_alias():
     assert set(OPENAI_VOICE_MAP.values()) == {"Chelsie", "Ethan"}
 
 
-def test_speaker_names_match_exactly():
-    err = rejected(QWEN, speaker=b"chelsie")
-    assert err.field == "speaker"
-    assert err.message.startswith("unknown voice 'chelsie'; speakers: Chelsie, Ethan; voice "
+def test_voice_names_match_exactly():
+    err = rejected(QWEN, voice=b"chelsie")
+    assert err.field == "voice"
+    assert err.message.startswith("unknown voice 'chelsie'; voices: Chelsie, Ethan; voice "
                                   "aliases (case-insensitive): alloy -> Chelsie, ")
     assert "echo -> Ethan" in err.message
 
 
-def test_no_speaker_or_an_empty_one_is_the_default_voice():
-    assert parse(QWEN).speaker is None
-    assert parse(QWEN, speaker=b"").speaker is None
+def test_no_voice_or_an_empty_one_is_the_default_voice():
+    assert parse(QWEN).voice is None
+    assert parse(QWEN, voice=b"").voice is None
 
 
-def test_with_unknown_speakers_names_pass_through_and_aliases_still_map():
-    cfg = config()  # speakers not known
-    assert cfg.speakers is None
-    assert parse(cfg, speaker=b"Someone").speaker == "Someone"
-    assert parse(cfg, speaker=b"Coral").speaker == "Chelsie"
+def test_with_the_voices_unknown_names_pass_through_and_aliases_still_map():
+    cfg = config()  # voices not known
+    assert cfg.voices is None
+    assert parse(cfg, voice=b"Someone").voice == "Someone"
+    assert parse(cfg, voice=b"Coral").voice == "Chelsie"
 
 
 def test_a_configured_voice_map_replaces_the_default():
-    cfg = config(speakers=["Aria", "Bo"], voice_map={"Alloy": "Aria", "narrator": "Bo"})
-    assert parse(cfg, speaker=b"alloy").speaker == "Aria"
-    assert parse(cfg, speaker=b"NARRATOR").speaker == "Bo"
-    err = rejected(cfg, speaker=b"echo")
-    assert err.message == ("unknown voice 'echo'; speakers: Aria, Bo; voice aliases "
+    cfg = config(voices=["Aria", "Bo"], voice_map={"Alloy": "Aria", "narrator": "Bo"})
+    assert parse(cfg, voice=b"alloy").voice == "Aria"
+    assert parse(cfg, voice=b"NARRATOR").voice == "Bo"
+    err = rejected(cfg, voice=b"echo")
+    assert err.message == ("unknown voice 'echo'; voices: Aria, Bo; voice aliases "
                            "(case-insensitive): Alloy -> Aria, narrator -> Bo")
-    assert parse(config(speakers=["Aria"], voice_map={}), speaker=b"Aria").speaker == "Aria"
+    assert parse(config(voices=["Aria"], voice_map={}), voice=b"Aria").voice == "Aria"
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"speakers": ["Aria"]}, "voice_map: 'alloy' -> 'Chelsie', which is not a speaker of the "
+    ({"voices": ["Aria"]}, "voice_map: 'alloy' -> 'Chelsie', which is not a voice of the "
                              "checkpoint (Aria)"),
-    ({"speakers": []}, "give the checkpoint's voice names"),
-    ({"speakers": ["Aria", "Aria"]}, "each name may appear once"),
-    ({"speakers": [" Aria"]}, "no surrounding spaces"),
+    ({"voices": []}, "give the checkpoint's voice names"),
+    ({"voices": ["Aria", "Aria"]}, "each name may appear once"),
+    ({"voices": [" Aria"]}, "no surrounding spaces"),
     ({"voice_map": {"Alloy": "Chelsie", "alloy": "Ethan"}}, "are the same alias"),
     ({"voice_map": {"": "Chelsie"}}, "names must not be empty"),
 ])
 def test_bad_voice_config_is_refused_at_load(overrides, message):
-    with pytest.raises(ValueError, match="voice_map|speakers") as err:
+    with pytest.raises(ValueError, match="voice_map|voices") as err:
         config(**overrides)
     assert message in str(err.value)
+
+
+def test_the_old_name_of_voices_is_an_error_naming_the_new_one():
+    with pytest.raises(ValueError, match="speakers: renamed to voices"):
+        config(speakers=["Chelsie", "Ethan"])
 
 
 # --- codec ids in responses --------------------------------------------------------

@@ -17,16 +17,16 @@ def tensors(**extra):
     return {**base, **extra}
 
 
-def test_a_talker_request_carries_the_thinkers_file_prompt_media_speaker_and_sampling():
+def test_a_talker_request_carries_the_thinkers_file_prompt_media_voice_and_sampling():
     req = parse_request("t-1", tensors(**{
         TALKER.IMAGE_GRID_THW: np.array([[1, 4, 6]], np.int64),
         TALKER.AUDIO_FEATURE_LENGTHS: np.array([300], np.int64),
-        TALKER.SPEAKER: np.array([b"Ethan"], dtype=np.object_),
+        TALKER.VOICE: np.array([b"Ethan"], dtype=np.object_),
         TALKER.SAMPLING_PARAMETERS: np.array([b'{"temperature": 0, "max_tokens": 9}'],
                                              dtype=np.object_)}))
     assert req.request_id == "t-1"
     assert req.feed.source == FILE and req.feed.prompt_token_ids == (5, 6, 7)
-    assert req.feed.speaker == "Ethan"
+    assert req.feed.voice == "Ethan"
     assert req.feed.image_grid_thw.tolist() == [[1, 4, 6]]
     assert req.feed.audio_feature_lengths.tolist() == [300]
     assert req.sampling == {"temperature": 0.0, "max_tokens": 9}

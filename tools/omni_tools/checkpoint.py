@@ -107,8 +107,8 @@ SPEAKER_DICT = "spk_dict.pt"
 SPEAKER_INDEX = "speakers.json"
 
 
-def speakers(folder: Path) -> list[str] | None:
-    """The speaker names of the checkpoint in `folder`; None when it has no voice file.
+def voices(folder: Path) -> list[str] | None:
+    """The voice names of the checkpoint in `folder`; None when it has no voice file.
 
     Raises:
         ValueError: a voice file is there but unreadable or not name-keyed.
@@ -122,7 +122,7 @@ def speakers(folder: Path) -> list[str] | None:
         except Exception as e:
             raise ValueError(f"{path}: cannot be read ({e})") from e
         if not isinstance(voices, dict) or not all(isinstance(k, str) for k in voices):
-            raise ValueError(f"{path}: expected a dict keyed by speaker name")
+            raise ValueError(f"{path}: expected a dict keyed by voice name")
         return list(voices)
     path = folder / SPEAKER_INDEX
     if path.is_file():

@@ -209,10 +209,10 @@ def _orchestrator_engine(spec: PipelineSpec, name: str, stage: StageSpec,
     if decoder and decoder in models:
         for key, value in _decoder_context(Path(models[decoder])).items():
             engine.setdefault(key, value)
-    if talker and "speakers" not in engine:
-        speakers = _checkpoint_speakers(spec, name, engine, models)
-        if speakers is not None:
-            engine["speakers"] = speakers
+    if talker and "voices" not in engine:
+        voices = _checkpoint_voices(spec, name, engine, models)
+        if voices is not None:
+            engine["voices"] = voices
     return engine
 
 
@@ -224,7 +224,7 @@ def _family_of(folder: Path) -> str | None:
         return None
 
 
-def _checkpoint_speakers(spec: PipelineSpec, name: str, engine: dict,
+def _checkpoint_voices(spec: PipelineSpec, name: str, engine: dict,
                          models: dict[str, str]) -> list[str] | None:
     """The voices the speech stages know: the audio decoder's checkpoint, else the talker's."""
     roles = engine.get("stages") or {}
@@ -233,13 +233,13 @@ def _checkpoint_speakers(spec: PipelineSpec, name: str, engine: dict,
         if not isinstance(stage, str) or stage not in models:
             continue
         try:
-            speakers = checkpoint.speakers(Path(models[stage]))
+            voices = checkpoint.voices(Path(models[stage]))
         except ValueError as e:
             raise SpecError(spec.source, [
-                f"stages.{name}.engine_args.speakers: {e}; fix the file or list the "
+                f"stages.{name}.engine_args.voices: {e}; fix the file or list the "
                 "voices here"]) from None
-        if speakers is not None:
-            return speakers
+        if voices is not None:
+            return voices
     return None
 
 

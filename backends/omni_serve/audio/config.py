@@ -1,13 +1,14 @@
 """Engine arguments of one omni_audio stage, read from its engine.json (Triton stub and tests).
 
 Validated once at load time: a bad or unknown key fails the stage before it
-serves. What depends on the checkpoint (the speaker names, the codec
+serves. What depends on the checkpoint (the voice names, the codec
 vocabulary, the longest utterance the decoder can place) is checked by
 `AudioRunner` when it loads the family's decoder.
 """
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +29,12 @@ class AudioStageConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Settings that are gone or renamed (docs/glossary.md): engine.json and omni-gen-repo's
+    # spec check name what to do.
+    REMOVED_SETTINGS: ClassVar[dict[str, str]] = {
+        "default_speaker": "renamed to default_voice (docs/glossary.md: one name per concept)",
+    }
+
     model: str = Field(min_length=1, description="checkpoint folder with an audio decoder")
     dtype: Dtype = "float32"
     device: Literal["cpu", "cuda"] = "cpu"
@@ -42,11 +49,21 @@ class AudioStageConfig(BaseModel):
     max_codec_tokens: int = Field(default=2048, ge=1)
     # Voice used when a request names none; None: the checkpoint's default (a decoder
     # without voices takes none).
-    default_speaker: str | None = Field(default=None, min_length=1)
+    default_voice: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            gone = [f"{key}: {cls.REMOVED_SETTINGS[key]}" for key in data
+                    if key in cls.REMOVED_SETTINGS]
+            if gone:
+                raise ValueError("; ".join(gone))
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> AudioStageConfig:
-        if self.default_speaker is not None and self.default_speaker != self.default_speaker.strip():
-            raise ValueError(f"default_speaker={self.default_speaker!r} has leading or trailing spaces; "
+        if self.default_voice is not None and self.default_voice != self.default_voice.strip():
+            raise ValueError(f"default_voice={self.default_voice!r} has leading or trailing spaces; "
                              "give the voice name exactly as the checkpoint spells it")
         return self

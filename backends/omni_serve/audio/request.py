@@ -29,8 +29,8 @@ class AudioLimits:
     """What a request is checked against; `AudioRunner.limits` fills it from the checkpoint."""
 
     codec_vocab: int  # codes are ids in [0, codec_vocab)
-    speakers: tuple[str, ...]  # () for a decoder without voices
-    default_speaker: str | None
+    voices: tuple[str, ...]  # () for a decoder without voices
+    default_voice: str | None
     max_codec_tokens: int  # frames per request
     # Longest utterance (stream positions 0..n-1) the decoder can place; None: no limit.
     max_utterance_codes: int | None = None
@@ -52,7 +52,7 @@ class AudioRequest:
 
     codes: np.ndarray  # int64 [frames, groups]
     context: int
-    speaker: str | None  # None: the decoder has no voices
+    voice: str | None  # None: the decoder has no voices
     seed: int
     offset: int = 0
     lookahead: int = 0
@@ -68,16 +68,16 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: AudioLimits) ->
 
     Omitted optional inputs: no left context, the stage's default voice, and a
     random seed (that audio is then not reproducible; streams should send one
-    seed for all their chunks). A decoder without voices refuses a `speaker`.
+    seed for all their chunks). A decoder without voices refuses a `voice`.
     """
-    codes = _codes(tensors.get(AUDIO.CODEC_TOKENS), limits)
+    codes = _codes(tensors.get(AUDIO.CODEC_IDS), limits)
 
     context = integer(AUDIO.CONTEXT_TOKENS, scalar(tensors, AUDIO.CONTEXT_TOKENS))
     context = 0 if context is None else context
     if not 0 <= context < len(codes):
         raise RequestError(AUDIO.CONTEXT_TOKENS,
                            f"must be between 0 and {len(codes) - 1} (one less than the {len(codes)} "
-                           f"{AUDIO.CODEC_TOKENS} frames sent), got {context}")
+                           f"{AUDIO.CODEC_IDS} frames sent), got {context}")
 
     lookahead = integer(AUDIO.LOOKAHEAD_TOKENS, scalar(tensors, AUDIO.LOOKAHEAD_TOKENS)) or 0
     if not 0 <= lookahead < len(codes) - context:
@@ -92,27 +92,27 @@ def parse_request(tensors: dict[str, np.ndarray | None], limits: AudioLimits) ->
                            f"must be between 0 and {max(longest - len(codes), 0)} (an utterance has at "
                            f"most {longest} frames and this request sends {len(codes)}), got {offset}")
 
-    speaker = text(AUDIO.SPEAKER, scalar(tensors, AUDIO.SPEAKER))
-    if not limits.speakers:
-        if speaker is not None:
-            raise RequestError(AUDIO.SPEAKER, "this decoder has no voices (its talker speaks "
-                                              "them): send none")
+    voice = text(AUDIO.VOICE, scalar(tensors, AUDIO.VOICE))
+    if not limits.voices:
+        if voice is not None:
+            raise RequestError(AUDIO.VOICE, "this decoder has no voices (its talker speaks "
+                                            "them): send none")
     else:
-        speaker = limits.default_speaker if speaker is None else speaker
-        if speaker not in limits.speakers:
-            raise RequestError(AUDIO.SPEAKER, f"unknown voice {speaker!r}; known voices: "
-                                              f"{', '.join(limits.speakers)}")
+        voice = limits.default_voice if voice is None else voice
+        if voice not in limits.voices:
+            raise RequestError(AUDIO.VOICE, f"unknown voice {voice!r}; known voices: "
+                                            f"{', '.join(limits.voices)}")
 
     seed = fields.seed(tensors, AUDIO.SEED)
 
-    return AudioRequest(codes=codes, context=context, speaker=speaker, seed=seed, offset=offset,
+    return AudioRequest(codes=codes, context=context, voice=voice, seed=seed, offset=offset,
                         lookahead=lookahead)
 
 
 def _codes(value: np.ndarray | None, limits: AudioLimits) -> np.ndarray:
-    """int64 [frames, groups] of `codec_tokens` sent as [frames, groups] or, with the batch
+    """int64 [frames, groups] of `codec_ids` sent as [frames, groups] or, with the batch
     dimension, [1, frames, groups]."""
-    name, groups = AUDIO.CODEC_TOKENS, limits.codec_groups
+    name, groups = AUDIO.CODEC_IDS, limits.codec_groups
     if value is None:
         raise RequestError(name, "is required")
     arr = np.asarray(value)

@@ -64,16 +64,16 @@ class AudioRunner:
             raise ValueError(f"max_codec_tokens={cfg.max_codec_tokens} exceeds the {longest} frames "
                              f"the decoder of {cfg.model} can place in one utterance; set "
                              f"max_codec_tokens <= {longest}")
-        default = cfg.default_speaker or decoder.default_voice
+        default = cfg.default_voice or decoder.default_voice
         if not decoder.voices:
-            if cfg.default_speaker is not None:
-                raise ValueError(f"default_speaker={cfg.default_speaker!r}, but the decoder of "
+            if cfg.default_voice is not None:
+                raise ValueError(f"default_voice={cfg.default_voice!r}, but the decoder of "
                                  f"{cfg.model} has no voices: leave it out")
         elif default not in decoder.voices:
-            raise ValueError(f"default_speaker={default!r} is not a voice of {cfg.model}; known voices: "
+            raise ValueError(f"default_voice={default!r} is not a voice of {cfg.model}; known voices: "
                              f"{', '.join(decoder.voices)}")
-        self.limits = AudioLimits(codec_vocab=decoder.codec_vocab, speakers=tuple(decoder.voices),
-                                  default_speaker=default if decoder.voices else None,
+        self.limits = AudioLimits(codec_vocab=decoder.codec_vocab, voices=tuple(decoder.voices),
+                                  default_voice=default if decoder.voices else None,
                                   max_codec_tokens=cfg.max_codec_tokens, max_utterance_codes=longest,
                                   codec_groups=decoder.codec_groups)
 

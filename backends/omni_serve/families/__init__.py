@@ -75,12 +75,12 @@ class SpeechFeed(Protocol):
         ...
 
     def talker_inputs(self, reply: ThinkerReply, media: Mapping[str, np.ndarray],
-                      speaker: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
+                      voice: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
         """The talker request's input tensors."""
         ...
 
     def decoder_inputs(self, chunk: DecoderChunk, seed: int,
-                       speaker: str | None) -> dict[str, np.ndarray]:
+                       voice: str | None) -> dict[str, np.ndarray]:
         """One audio decoder request's input tensors."""
         ...
 
@@ -125,7 +125,7 @@ class CodecDecoder(Protocol):
     several threads, one call at a time, on groups of requests with the same frame count and
     `batch_key`. A request's codes are [frames, codec_groups] int64 (omni_serve.audio.request:
     `context` leading and `lookahead` trailing frames are context; `offset` is the stream
-    position of frame 0; `speaker` is one of `voices`, None for a decoder without).
+    position of frame 0; `voice` is one of `voices`, None for a decoder without).
     """
 
     sample_rate: int
@@ -177,7 +177,7 @@ class Family:
     # plain objects, any process:
     # the thinker's media-token accounting (encoder and thinker stages)
     media_tokens: MediaTokens | None = None
-    # other voice names (OpenAI's) onto the family's speakers, the orchestrator's default
+    # other voice names (OpenAI's) onto the family's voices, the orchestrator's default
     voice_map: Mapping[str, str] = field(default_factory=dict)
     # the talker's sampling defaults (its reference generate()'s), the orchestrator's default
     talker_sampling: Mapping[str, Any] = field(default_factory=dict)

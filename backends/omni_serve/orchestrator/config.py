@@ -149,6 +149,7 @@ class OrchestratorConfig(BaseModel):
         "mode": "removed: the orchestrator always pipelines (the talker starts on the "
                 "thinker's first reply tokens, the decoder on the first codes); the "
                 "stage-by-stage baseline is omni-bench pipelining's own. Delete the key",
+        "speakers": "renamed to voices (docs/glossary.md: one name per concept)",
     }
 
     stages: StageRoles
@@ -179,13 +180,13 @@ class OrchestratorConfig(BaseModel):
     # The talker's sampling defaults: the family's (its reference generate()'s); a
     # request's talker_sampling_parameters override them key by key.
     talker_sampling: dict[str, Any] = Field(default_factory=dict)
-    # Voices: the checkpoint's speaker names (omni-gen-repo reads them from the
+    # Voices: the checkpoint's voice names (omni-gen-repo reads them from the
     # audio checkpoint, as its family keeps them); None: not known here, a
-    # request's speaker goes to the stages as it is. `voice_map` maps other
-    # names onto speakers (matched case-insensitively; speaker names match
+    # request's voice goes to the stages as it is. `voice_map` maps other
+    # names onto voices (matched case-insensitively; voice names match
     # exactly and come first): by default the family's map of OpenAI's voices,
     # so OpenAI apps that always send one get a voice of this checkpoint.
-    speakers: list[str] | None = None
+    voices: list[str] | None = None
     voice_map: dict[str, str] = Field(default_factory=dict)
     # Pipelined mode: decoder chunks in flight per request (Triton batches
     # them); audio still goes out in order.
@@ -243,23 +244,23 @@ class OrchestratorConfig(BaseModel):
         return self
 
     def _check_voices(self) -> None:
-        if self.speakers is not None:
-            if not self.speakers or any(not s or s != s.strip() for s in self.speakers):
-                raise ValueError(f"speakers={self.speakers!r}: give the checkpoint's voice names "
+        if self.voices is not None:
+            if not self.voices or any(not s or s != s.strip() for s in self.voices):
+                raise ValueError(f"voices={self.voices!r}: give the checkpoint's voice names "
                                  "(non-empty, no surrounding spaces), or leave it unset")
-            if len(set(self.speakers)) != len(self.speakers):
-                raise ValueError(f"speakers={self.speakers!r}: each name may appear once")
+            if len(set(self.voices)) != len(self.voices):
+                raise ValueError(f"voices={self.voices!r}: each name may appear once")
         seen: dict[str, str] = {}
-        for alias, speaker in self.voice_map.items():
-            if not alias.strip() or not speaker.strip():
-                raise ValueError(f"voice_map: {alias!r} -> {speaker!r}: names must not be empty")
+        for alias, voice in self.voice_map.items():
+            if not alias.strip() or not voice.strip():
+                raise ValueError(f"voice_map: {alias!r} -> {voice!r}: names must not be empty")
             if alias.lower() in seen:
                 raise ValueError(f"voice_map: {seen[alias.lower()]!r} and {alias!r} are the same "
                                  "alias (aliases match case-insensitively); keep one")
             seen[alias.lower()] = alias
-            if self.speakers is not None and speaker not in self.speakers:
-                raise ValueError(f"voice_map: {alias!r} -> {speaker!r}, which is not a speaker of "
-                                 f"the checkpoint ({', '.join(self.speakers)}); map it to one of "
+            if self.voices is not None and voice not in self.voices:
+                raise ValueError(f"voice_map: {alias!r} -> {voice!r}, which is not a voice of "
+                                 f"the checkpoint ({', '.join(self.voices)}); map it to one of "
                                  "those, or set voice_map to {} to send names as they are")
 
     @property
@@ -270,17 +271,17 @@ class OrchestratorConfig(BaseModel):
         return families.get(self.family).speech
 
     def voice(self, name: str) -> str | None:
-        """The speaker `name` stands for: itself if a known speaker, else its voice_map alias.
+        """The voice `name` stands for: itself if a known voice, else its voice_map alias.
 
-        None when `name` is neither (with `speakers` unknown: `name` itself).
+        None when `name` is neither (with `voices` unknown: `name` itself).
         """
-        if self.speakers is not None and name in self.speakers:
+        if self.voices is not None and name in self.voices:
             return name
-        folded = {alias.lower(): speaker for alias, speaker in self.voice_map.items()}
+        folded = {alias.lower(): voice for alias, voice in self.voice_map.items()}
         mapped = folded.get(name.lower())
         if mapped is not None:
             return mapped
-        return name if self.speakers is None else None
+        return name if self.voices is None else None
 
     def remote_url(self, model: str) -> str | None:
         """Where `model` is served when it is not on this server (env override first)."""

@@ -53,7 +53,7 @@ class OmniRequest:
     image: bytes | None = None
     audio: bytes | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
-    speaker: str | None = None
+    voice: str | None = None
     seed: int | None = None
     task: str = "chat"
     # routes the request to its session's thinker engine (None: the least busy)
@@ -187,17 +187,17 @@ def _in_range(where: str, value: Any, kind: type, low: float, low_inclusive: boo
     return parsed
 
 
-def _speaker(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> str | None:
-    name = text(OMNI.SPEAKER, scalar(tensors, OMNI.SPEAKER))
+def _voice(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> str | None:
+    name = text(OMNI.VOICE, scalar(tensors, OMNI.VOICE))
     if name is None or not name.strip():  # empty: the audio stage's default voice
         return None
-    speaker = cfg.voice(name)
-    if speaker is None:
+    voice = cfg.voice(name)
+    if voice is None:
         aliases = ", ".join(f"{alias} -> {target}" for alias, target in cfg.voice_map.items())
-        raise RequestError(OMNI.SPEAKER, f"unknown voice {name!r}; speakers: "
-                                         f"{', '.join(cfg.speakers or ())}; voice aliases "
-                                         f"(case-insensitive): {aliases or 'none'}")
-    return speaker
+        raise RequestError(OMNI.VOICE, f"unknown voice {name!r}; voices: "
+                                       f"{', '.join(cfg.voices or ())}; voice aliases "
+                                       f"(case-insensitive): {aliases or 'none'}")
+    return voice
 
 
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
@@ -227,7 +227,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         image=_media(tensors, OMNI.IMAGE, cfg, cfg.stages.image_encoder),
         audio=_media(tensors, OMNI.AUDIO, cfg, cfg.stages.audio_encoder),
         sampling=sampling,
-        speaker=_speaker(tensors, cfg),
+        voice=_voice(tensors, cfg),
         seed=integer(OMNI.SEED, scalar(tensors, OMNI.SEED)),
         task=task,
         session_id=_session_id(tensors),

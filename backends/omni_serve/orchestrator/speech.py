@@ -161,7 +161,7 @@ class Speech:
         req = self.req
         sampling: dict[str, Any] = {**self.cfg.talker_sampling, **req.talker_sampling}
         sampling["seed"] = self.seed % 2**63
-        inputs = self.feed.talker_inputs(rows, self.media, req.speaker, sampling)
+        inputs = self.feed.talker_inputs(rows, self.media, req.voice, sampling)
         groups = self.feed.codec_groups
         async with contextlib.aclosing(self.calls.stream(
                 "talker", inputs, [TALKER.CODEC_IDS], f"{req.request_id}-talker", self.t)) as outs:
@@ -192,7 +192,7 @@ class Speech:
             done = span.end
 
     async def _decode(self, chunk: DecoderChunk) -> AudioChunk:
-        inputs = self.feed.decoder_inputs(chunk, self.seed % 2**63, self.req.speaker)
+        inputs = self.feed.decoder_inputs(chunk, self.seed % 2**63, self.req.voice)
         out = await self.calls.infer("audio_decoder", inputs,
                                      [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], self.t)
         rate = int(np.asarray(out[AUDIO.SAMPLE_RATE]).reshape(-1)[0])

@@ -24,7 +24,7 @@ class TalkerInput:
 
     source: str  # the thinker's handed-over hidden-state file
     prompt_token_ids: tuple[int, ...]
-    speaker: str | None = None
+    voice: str | None = None
     image_grid_thw: np.ndarray | None = None
     audio_feature_lengths: np.ndarray | None = None
 
@@ -70,9 +70,9 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
     ids = token_ids(TALKER.PROMPT_TOKEN_IDS, tensors.get(TALKER.PROMPT_TOKEN_IDS))
     if ids is None:
         raise RequestError(TALKER.PROMPT_TOKEN_IDS, "is required (the thinker's input_token_ids)")
-    speaker = text(TALKER.SPEAKER, scalar(tensors, TALKER.SPEAKER))
+    voice = text(TALKER.VOICE, scalar(tensors, TALKER.VOICE))
     feed = TalkerInput(
-        source=source, prompt_token_ids=tuple(ids), speaker=speaker or None,
+        source=source, prompt_token_ids=tuple(ids), voice=voice or None,
         image_grid_thw=counts(TALKER.IMAGE_GRID_THW, tensors.get(TALKER.IMAGE_GRID_THW), "n,3"),
         audio_feature_lengths=counts(TALKER.AUDIO_FEATURE_LENGTHS,
                                      tensors.get(TALKER.AUDIO_FEATURE_LENGTHS), "n"))

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -126,7 +127,7 @@ def test_ragged_audio_inputs_allow_ragged_batches(tmp_path, models):
     config = text_format.Parse((generated / "dec" / "config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())
     ragged = {i.name for i in config.input if i.allow_ragged_batch}
-    assert ragged == {"codec_tokens"}
+    assert ragged == {"codec_ids"}
     assert config.max_batch_size == 8 and config.HasField("dynamic_batching")
 
 
@@ -169,6 +170,31 @@ def test_a_removed_orchestrator_setting_says_what_to_do_instead(tmp_path, models
     (problem,) = problems(tmp_path, data)
     assert problem.startswith(f"stages.omni.engine_args.{key}: {says}")
     assert problem.endswith("Delete the key")
+
+
+@pytest.mark.parametrize("stage,key,value,new", [
+    ("omni", "speakers", ["Chelsie", "Ethan"], "voices"),
+    ("dec", "default_speaker", "Chelsie", "default_voice"),
+])
+def test_an_old_name_of_a_setting_names_the_new_one(tmp_path, models, stage, key, value, new):
+    """docs/glossary.md: one name per concept; a spec that still says the old one is told."""
+    data = omni_spec(models)
+    data["stages"][stage].setdefault("engine_args", {})[key] = value
+    (problem,) = problems(tmp_path, data)
+    assert problem == (f"stages.{stage}.engine_args.{key}: renamed to {new} (docs/glossary.md: "
+                       "one name per concept)")
+
+
+def test_omni_gen_repo_check_reports_an_old_name(tmp_path, models, capsys):
+    data = omni_spec(models)
+    data["stages"]["omni"]["engine_args"]["speakers"] = ["Chelsie"]
+    data["stages"]["dec"]["engine_args"] = {"default_speaker": "Chelsie"}
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert gen_repo.main(["--check", str(spec_path)]) == 2
+    err = capsys.readouterr().err
+    assert "stages.omni.engine_args.speakers: renamed to voices" in err
+    assert "stages.dec.engine_args.default_speaker: renamed to default_voice" in err
 
 
 def test_engine_arg_values_are_checked_by_the_stage_config_before_writing(tmp_path, models):
@@ -358,12 +384,12 @@ def _spk_dict(folder: Path, *names: str) -> None:
                folder / "spk_dict.pt")
 
 
-def test_the_orchestrator_knows_the_speakers_of_the_spk_dict(tmp_path, models):
+def test_the_orchestrator_knows_the_voices_of_the_spk_dict(tmp_path, models):
     _spk_dict(Path(models["t2w"]), "Chelsie", "Ethan")
-    assert _engine(tmp_path, models)["speakers"] == ["Chelsie", "Ethan"]
+    assert _engine(tmp_path, models)["voices"] == ["Chelsie", "Ethan"]
 
 
-def test_speakers_come_from_the_audio_stage_index_or_else_the_talker(tmp_path, models):
+def test_voices_come_from_the_audio_stage_index_or_else_the_talker(tmp_path, models):
     (Path(models["t2w"]) / "speakers.json").write_text(json.dumps({"speakers": ["Ethan"],
                                                                    "default": "Ethan"}))
     _spk_dict(Path(models["talker"]), "Chelsie", "Ethan")
@@ -373,21 +399,21 @@ def test_speakers_come_from_the_audio_stage_index_or_else_the_talker(tmp_path, m
     generated = tmp_path / "repo"
     gen_repo.generate(parse_spec(data, base_dir=tmp_path), generated)
     engine = json.loads((generated / "omni" / ENGINE_ARGS_FILE).read_text())
-    assert engine["speakers"] == ["Ethan"] and engine["voice_map"] == {"alloy": "Ethan"}
+    assert engine["voices"] == ["Ethan"] and engine["voice_map"] == {"alloy": "Ethan"}
     (Path(models["t2w"]) / "speakers.json").unlink()
-    assert _engine(tmp_path, models)["speakers"] == ["Chelsie", "Ethan"]
+    assert _engine(tmp_path, models)["voices"] == ["Chelsie", "Ethan"]
 
 
-def test_without_a_voice_file_the_speakers_stay_unknown(tmp_path, models):
-    assert "speakers" not in _engine(tmp_path, models)
+def test_without_a_voice_file_the_voices_stay_unknown(tmp_path, models):
+    assert "voices" not in _engine(tmp_path, models)
 
 
-def test_a_voice_map_onto_speakers_the_checkpoint_lacks_is_a_spec_error(tmp_path, models):
+def test_a_voice_map_onto_voices_the_checkpoint_lacks_is_a_spec_error(tmp_path, models):
     _spk_dict(Path(models["t2w"]), "Aria")
     with pytest.raises(SpecError) as err:
         _engine(tmp_path, models)
     assert err.value.problems[0].startswith(
-        "stages.omni.engine_args: voice_map: 'alloy' -> 'Chelsie', which is not a speaker of "
+        "stages.omni.engine_args: voice_map: 'alloy' -> 'Chelsie', which is not a voice of "
         "the checkpoint (Aria)")
 
 
@@ -395,5 +421,5 @@ def test_an_unreadable_spk_dict_names_the_file(tmp_path, models):
     (Path(models["t2w"]) / "spk_dict.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(SpecError) as err:
         _engine(tmp_path, models)
-    assert err.value.problems[0].startswith("stages.omni.engine_args.speakers: ")
+    assert err.value.problems[0].startswith("stages.omni.engine_args.voices: ")
     assert "spk_dict.pt: cannot be read" in err.value.problems[0]

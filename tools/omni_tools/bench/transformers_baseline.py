@@ -68,7 +68,7 @@ def prompts(n: int, seed: int = 0) -> list[str]:
             f"{rng.choice(WORDS)} and a {rng.choice(WORDS)}." for i in range(n)]
 
 
-def omni_options(max_tokens: int, talker_tokens: int, speaker: str, seed: int) -> dict[str, Any]:
+def omni_options(max_tokens: int, talker_tokens: int, voice: str, seed: int) -> dict[str, Any]:
     """OmniClient.stream options of one served request: N thinker tokens (ignore_eos),
     M talker codes (min_tokens = max_tokens), both greedy."""
     return {"modalities": ["text", "audio"],
@@ -76,13 +76,13 @@ def omni_options(max_tokens: int, talker_tokens: int, speaker: str, seed: int) -
                                     "temperature": 0},
             "talker_sampling": {"max_tokens": talker_tokens, "min_tokens": talker_tokens,
                                 "temperature": 0},
-            "speaker": speaker, "seed": seed}
+            "voice": voice, "seed": seed}
 
 
-def transformers_kwargs(max_tokens: int, talker_tokens: int, speaker: str,
+def transformers_kwargs(max_tokens: int, talker_tokens: int, voice: str,
                         talker_stop_ids: Sequence[int]) -> dict[str, Any]:
     """`Qwen2_5OmniForConditionalGeneration.generate` arguments of the same request."""
-    return {"return_audio": True, "speaker": speaker,
+    return {"return_audio": True, "speaker": voice,  # transformers' name
             "thinker_max_new_tokens": max_tokens, "thinker_min_new_tokens": max_tokens,
             "thinker_do_sample": False,
             "talker_max_new_tokens": talker_tokens, "talker_min_new_tokens": talker_tokens,
@@ -165,7 +165,7 @@ class TransformersSide:
         self.system_prompt = system_prompt
         talker = self.model.config.talker_config
         self.stop_ids = [talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id]
-        self.speakers = list(self.model.speaker_map)
+        self.voices = list(self.model.speaker_map)
         self.sample_rate = 24000  # Token2Wav's BigVGAN output
 
     def render(self, text: str) -> str:
@@ -240,11 +240,11 @@ def _served_request(client: Any, text: str, options: dict[str, Any]) -> dict[str
             "tokens": tokens, "stage_seconds": stages}
 
 
-def measure_served(client: Any, texts: Sequence[str], concurrency: int, args, speaker: str
+def measure_served(client: Any, texts: Sequence[str], concurrency: int, args, voice: str
                    ) -> dict[str, Any]:
     def one(i: int) -> dict[str, Any]:
         return _served_request(client, texts[i], omni_options(
-            args.max_tokens, args.talker_tokens, speaker, seed=i))
+            args.max_tokens, args.talker_tokens, voice, seed=i))
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -310,10 +310,10 @@ def _run_model(model: str, args: argparse.Namespace, work: Path, batch_ok: bool
             OmniClient(server.grpc_url, timeout=600, model=ENTRY) as client:
         ready_s = time.perf_counter() - t0
         tf = TransformersSide(folder, SYSTEM_PROMPT)
-        speaker = "Chelsie" if "Chelsie" in tf.speakers else tf.speakers[0]
-        kwargs = transformers_kwargs(args.max_tokens, args.talker_tokens, speaker, tf.stop_ids)
+        voice = "Chelsie" if "Chelsie" in tf.voices else tf.voices[0]
+        kwargs = transformers_kwargs(args.max_tokens, args.talker_tokens, voice, tf.stop_ids)
         t1 = time.perf_counter()  # warm-up: the same shapes, both sides, batched too
-        measure_served(client, texts[:2], 2, args, speaker)
+        measure_served(client, texts[:2], 2, args, voice)
         tf.generate(texts[:1], 0, kwargs)
         if batch_ok:
             tf.generate(texts[:2], 0, kwargs)
@@ -326,7 +326,7 @@ def _run_model(model: str, args: argparse.Namespace, work: Path, batch_ok: bool
                         continue  # a batch of one is the one-at-a-time run
                     batch_texts = texts[:counts[c]]
                     if side == "omni":
-                        m = measure_served(client, batch_texts, c, args, speaker)
+                        m = measure_served(client, batch_texts, c, args, voice)
                     else:
                         m = measure_transformers(tf, batch_texts, c, kwargs,
                                                  batch=side == "transformers_batched")
@@ -354,10 +354,10 @@ def _run_model(model: str, args: argparse.Namespace, work: Path, batch_ok: bool
             lv["ratio_batched"] = median(per_b)
             lv["ratio_batched_per_round"] = per_b
         levels[str(c)] = lv
-    return {"model": MODELS[model], "checkpoint": folder, "speaker": speaker,
+    return {"model": MODELS[model], "checkpoint": folder, "voice": voice,
             "server_ready_s": ready_s, "transformers_load_s": load_s, "warmup_s": warmup_s,
             "transformers_generate_kwargs": kwargs,
-            "served_options": omni_options(args.max_tokens, args.talker_tokens, speaker, 0),
+            "served_options": omni_options(args.max_tokens, args.talker_tokens, voice, 0),
             "levels": levels}
 
 

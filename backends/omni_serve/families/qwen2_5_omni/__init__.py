@@ -27,7 +27,7 @@ SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
     "perceiving auditory and visual inputs, as well as generating text and speech.")
 
-# OpenAI's voices (what OpenAI apps send as `audio.voice`) onto the two speakers of its
+# OpenAI's voices (what OpenAI apps send as `audio.voice`) onto the two voices of its
 # spk_dict.pt, by how they sound: the female-sounding ones to Chelsie, the others to Ethan.
 OPENAI_VOICE_MAP: dict[str, str] = {
     **dict.fromkeys(("alloy", "coral", "nova", "sage", "shimmer"), "Chelsie"),

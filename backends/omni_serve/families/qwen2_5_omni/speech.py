@@ -39,7 +39,7 @@ class Qwen25OmniSpeech:
                 and reply.reply_tokens >= self.ready_after_tokens)
 
     def talker_inputs(self, reply: ThinkerReply, media: Mapping[str, np.ndarray],
-                      speaker: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
+                      voice: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
         inputs = {
             TALKER.THINKER_HIDDEN_STATES_FILE: _text(reply.file),
             TALKER.PROMPT_TOKEN_IDS: np.array(reply.prompt_ids, dtype=np.int64),
@@ -48,18 +48,18 @@ class Qwen25OmniSpeech:
         for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS):
             if name in media:
                 inputs[name] = media[name]
-        if speaker:
-            inputs[TALKER.SPEAKER] = _text(speaker)
+        if voice:
+            inputs[TALKER.VOICE] = _text(voice)
         return inputs
 
     def decoder_inputs(self, chunk: DecoderChunk, seed: int,
-                       speaker: str | None) -> dict[str, np.ndarray]:
+                       voice: str | None) -> dict[str, np.ndarray]:
         # [1, frames, 1]: the batch dimension, then one code a frame
-        inputs = {AUDIO.CODEC_TOKENS: np.asarray(chunk.frames, dtype=np.int64).reshape(1, -1, 1),
+        inputs = {AUDIO.CODEC_IDS: np.asarray(chunk.frames, dtype=np.int64).reshape(1, -1, 1),
                   AUDIO.CONTEXT_TOKENS: np.array([[chunk.context]], dtype=np.int32),
                   AUDIO.LOOKAHEAD_TOKENS: np.array([[chunk.lookahead]], dtype=np.int32),
                   AUDIO.CODE_OFFSET: np.array([[chunk.offset]], dtype=np.int64),
                   AUDIO.SEED: np.array([[seed]], dtype=np.int64)}
-        if speaker:
-            inputs[AUDIO.SPEAKER] = np.array([[speaker.encode()]], dtype=np.object_)
+        if voice:
+            inputs[AUDIO.VOICE] = np.array([[voice.encode()]], dtype=np.object_)
         return inputs

@@ -5,14 +5,14 @@ from the whole Qwen2.5-Omni folder. One talker request names the thinker's hidde
 (`thinker_hidden_states_file`, written by the thinker stage with
 `hidden_states_in_shm`, same host), the thinker's prompt as the engine saw it
 (`prompt_token_ids`, placeholders expanded), the media grids for the 3D
-positions (`image_grid_thw`, `audio_feature_lengths`) and the `speaker`.
+positions (`image_grid_thw`, `audio_feature_lengths`) and the `voice`.
 
 `TalkerPrompter.prompt` waits until the thinker has fed its first reply token
 (row `prompt_len`), then builds the prefill exactly as transformers'
 `Qwen2_5OmniForConditionalGeneration.generate` does:
 
     rows 0..L-1   thinker input embedding (zero at media positions) + hidden state
-    row  L        the speaker's `bos_token` embedding (thinker vocabulary) + codec pad
+    row  L        the voice's `bos_token` embedding (thinker vocabulary) + codec pad
     row  L+1      reply token 0's embedding + hidden state + codec bos
 
 with the talker's M-RoPE positions from the model's own `get_rope_index`, and
@@ -141,13 +141,14 @@ class TalkerPrompter:
         self.config = talker
         path = self.folder / SPEAKERS_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: the talker needs the speakers' tokens")
-        speakers = torch.load(path, map_location="cpu", weights_only=True)
-        self.speakers = {name: int(v["bos_token"]) for name, v in speakers.items()}
-        self.default_speaker = "Chelsie" if "Chelsie" in self.speakers else next(iter(self.speakers))
-        names = list(self.speakers)
+            raise FileNotFoundError(f"{path} is missing: the talker needs the voices' tokens")
+        speakers = torch.load(path, map_location="cpu", weights_only=True)  # spk_dict: name -> ...
+        self.voice_tokens = {name: int(v["bos_token"]) for name, v in speakers.items()}
+        self.default_voice = ("Chelsie" if "Chelsie" in self.voice_tokens
+                              else next(iter(self.voice_tokens)))
+        names = list(self.voice_tokens)
         self._bos = dict(zip(names, _rows(self.folder, "thinker.model.embed_tokens.weight",
-                                          [self.speakers[n] for n in names]), strict=True))
+                                          [self.voice_tokens[n] for n in names]), strict=True))
         pad, bos = talker.tts_codec_pad_token_id, talker.tts_codec_start_token_id
         self._codec_pad, self._codec_bos = _rows(self.folder, "talker.model.embed_tokens.weight",
                                                  [pad, bos])
@@ -168,18 +169,18 @@ class TalkerPrompter:
         params["allowed_token_ids"] = list(self.allowed_ids)
         return params
 
-    def speaker(self, name: str | None) -> str:
-        name = name or self.default_speaker
-        if name not in self.speakers:
-            raise RequestError(TALKER.SPEAKER, f"unknown speaker {name!r}; this checkpoint has "
-                                            f"{sorted(self.speakers)}")
+    def voice(self, name: str | None) -> str:
+        name = name or self.default_voice
+        if name not in self.voice_tokens:
+            raise RequestError(TALKER.VOICE, f"unknown voice {name!r}; known voices: "
+                                          f"{', '.join(sorted(self.voice_tokens))}")
         return name
 
     async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
         """(vLLM EmbedsPrompt, what goes into SamplingParams.extra_args: the engine feed)."""
         import torch
 
-        speaker = self.speaker(req.speaker)
+        voice = self.voice(req.voice)
         if not talker_engine.valid_source(req.source):
             raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                "must be a hidden-state file a thinker stage on this host handed "
@@ -190,10 +191,10 @@ class TalkerPrompter:
         ids = np.asarray(req.prompt_token_ids)
         embed[:n][np.isin(ids, list(self.media_ids))] = 0.0  # transformers zeroes media rows
         summed = embed + hidden
-        prefill = np.concatenate([summed[:n], self._bos[speaker][None], summed[n:n + 1]])
+        prefill = np.concatenate([summed[:n], self._bos[voice][None], summed[n:n + 1]])
         prefill[-2] += self._codec_pad
         prefill[-1] += self._codec_bos
-        positions, delta = self._rope([*req.prompt_token_ids, self.speakers[speaker], 0],
+        positions, delta = self._rope([*req.prompt_token_ids, self.voice_tokens[voice], 0],
                                       req.image_grid_thw, req.audio_feature_lengths)
         cfg = self.config
         prompt = {

@@ -63,7 +63,7 @@ TOKEN2WAV_PREFIX = "token2wav."
 SPEAKERS_FILE = "speakers.safetensors"
 SPEAKERS_INDEX = "speakers.json"
 DEFAULT_SAMPLE_RATE = 24_000  # the model's output rate
-DEFAULT_SPEAKER = "Chelsie"  # Qwen2_5OmniForConditionalGeneration.generate's default voice
+DEFAULT_VOICE = "Chelsie"  # Qwen2_5OmniForConditionalGeneration.generate's default voice
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -74,7 +74,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 
 @dataclass(frozen=True)
 class Voice:
-    """One speaker's conditioning: `cond` [1, enc_emb_dim] and `ref_mel` [1, frames, mel_dim]."""
+    """One voice's conditioning: `cond` [1, enc_emb_dim] and `ref_mel` [1, frames, mel_dim]."""
 
     cond: torch.Tensor
     ref_mel: torch.Tensor
@@ -133,14 +133,14 @@ class Token2Wav:
 
     def batch_key(self, request: AudioRequest) -> int:
         """The voice's reference-mel length: the DiT batches equal ones."""
-        return self.voices_by_name[request.speaker].ref_mel.shape[1]
+        return self.voices_by_name[request.voice].ref_mel.shape[1]
 
     def decode(self, group: list[AudioRequest]) -> np.ndarray:
         """One batched Token2Wav call: float32 [len(group), frames * samples_per_frame]."""
         device = self.device
         # conditioning
         codes = torch.from_numpy(np.stack([r.codes[:, 0] for r in group])).to(device)
-        voices = [self.voices_by_name[r.speaker] for r in group]
+        voices = [self.voices_by_name[r.voice] for r in group]
         cond = torch.cat([v.cond for v in voices]).to(device, self.dtype)
         ref_mel = torch.cat([v.ref_mel for v in voices]).to(device, self.dtype)
         noise = torch.stack([self.initial_noise(r.seed, r.offset, len(r.codes)) for r in group])
@@ -275,7 +275,7 @@ def load_speaker_dict(path: Path, mel_dim: int, device: str) -> tuple[dict[str, 
         if not isinstance(entry, dict) or not {"cond", "ref_mel"} <= set(entry):
             raise ValueError(f"{path}: voice {name!r} needs a dict with cond and ref_mel")
         voices[str(name)] = _voice(str(name), entry["cond"], entry["ref_mel"], mel_dim, device)
-    return voices, DEFAULT_SPEAKER if DEFAULT_SPEAKER in voices else next(iter(voices))
+    return voices, DEFAULT_VOICE if DEFAULT_VOICE in voices else next(iter(voices))
 
 
 def load_voices(folder: Path, mel_dim: int, device: str) -> tuple[dict[str, Voice], str, int]:
