@@ -540,7 +540,7 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
             ids.map(lambda xs: r.attack("prompt_token_ids", ints(xs), "and text_input too"))),
         "messages": _messages_values(r, no_text["drop"]),
         "image": _image_values(r),
-        "embedding_request": _embedding_values(r),
+        "embedding_request": _embedding_values(r, no_text["drop"]),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
     return r
@@ -576,10 +576,11 @@ def _image_values(r: Recipe) -> AttackStrategy:
         r.values_of("image", not_image.map(base64.b64encode), text, "base64 of no image"))
 
 
-def _embedding_values(r: Recipe) -> AttackStrategy:
-    """vllm_backend's `embedding_request`: malformed JSON, no input, or asked of a model
-    that generates (the tiny LLMs are no pooling models)."""
-    drop = ("text_input", "sampling_parameters")
+def _embedding_values(r: Recipe, no_prompt: tuple[str, ...]) -> AttackStrategy:
+    """vllm_backend's `embedding_request` instead of the prompt (`no_prompt`: the prompt
+    and its media): malformed JSON, no input, or asked of a model that generates (the tiny
+    LLMs are no pooling models)."""
+    drop = (*no_prompt, "sampling_parameters")
     malformed = json_bad(st.sampled_from(['{"inputs": "x"}', '{"input": ""}', '{"input": []}',
                                           '{"input": [-1]}', '{"input": 3}']))
     return st.one_of(

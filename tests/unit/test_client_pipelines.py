@@ -225,9 +225,10 @@ def test_an_empty_final_response_yields_nothing():
 
 
 def test_llm_final_takes_the_last_reason_and_counts():
+    # each delta counts the tokens it adds (vllm_backend's num_output_tokens): they add up
     deltas = [TextDelta("a", None, 5, 1), TextDelta("b", "length", 5, 2), TextDelta("")]
 
-    assert pio.llm_final(deltas) == Final("length", Usage(5, 2))
+    assert pio.llm_final(deltas) == Final("length", Usage(5, 3))
     assert pio.llm_final([TextDelta("a")]) == Final(None, None)
 
 
@@ -286,7 +287,7 @@ def test_an_llm_model_gets_the_llm_tensors_and_a_final_from_its_deltas():
     assert json.loads(values[LLM.SAMPLING_PARAMETERS][0]) == {"max_tokens": 3}
     events = [e for result, _ in STREAMED for e in prepared.parse(result)]
     assert [e.text for e in events] == ["Hel", "lo", "!"]
-    assert prepared.finish() == [Final("stop", Usage(3, 1))]
+    assert prepared.finish() == [Final("stop", Usage(3, 3))]  # three responses of one token
 
 
 def test_an_llm_model_refuses_media_and_voice_naming_them():
