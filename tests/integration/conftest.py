@@ -1,7 +1,8 @@
 """Session-scoped real tritonserver for the integration tests.
 
 One server per preset per test session (a vLLM engine takes ~20 s to
-start); free ports; always stopped, logs kept under the pytest tmp dir.
+start), those the run's tests use all started at once when the first is
+needed; free ports; always stopped, logs kept under the pytest tmp dir.
 Each runs under explicit model control with every model loaded at start
 (`--load-model=*` serves what Triton's default mode serves), so the tests
 that need model control share them instead of starting their own: a test
@@ -12,6 +13,7 @@ its tests and unloads them after (servers.loaded).
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,41 +27,56 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
 
 
-@pytest.fixture(scope="session")
-def _stopped_together():
-    """The session servers, stopped at once: each is sent SIGTERM at its own teardown
-    and waited for here, torn down after all of them (each takes seconds to unload)."""
-    servers: list[TritonServer] = []
-    yield servers
-    for server in servers:
-        server.stop()
-        print(f"\ntritonserver log: {server.log_path}")
-
-
-def _session_server(preset: str, tmp_path_factory, stopped_together: list[TritonServer]):
-    root = tmp_path_factory.mktemp(preset)
-    # The user's path: the venv's console script, then the venv's tritonserver.
-    repo = gen_repo(["--preset", preset], root / "repo")
-    server = TritonServer(repo, log_path=root / "tritonserver.log", extra_args=list(EXPLICIT))
-    stopped_together.append(server)
-    server.start(timeout=300.0)
-    yield server
-    server.terminate()
+# the session servers: fixture -> the preset it serves
+SESSION_SERVERS = {"text_chat_server": "text-chat", "text_to_image_server": "text-to-image",
+                   "omni_chat_server": "omni-chat"}
 
 
 @pytest.fixture(scope="session")
-def text_chat_server(tmp_path_factory, _stopped_together):
-    yield from _session_server("text-chat", tmp_path_factory, _stopped_together)
+def _session_servers(request, tmp_path_factory):
+    """The session servers this run's tests use, all started at once when the first is
+    needed, and all stopped at once at the end. A start is mostly one process at a time
+    importing vLLM and torch, so on a small machine two starts side by side take little
+    longer than one; stopping is seconds of unloading per server."""
+    needed = [preset for fixture, preset in SESSION_SERVERS.items()
+              if any(fixture in item.fixturenames for item in request.session.items)]
+    servers: dict[str, TritonServer] = {}
+
+    def start(preset: str) -> TritonServer:
+        root = tmp_path_factory.mktemp(preset)
+        # The user's path: the venv's console script, then the venv's tritonserver.
+        repo = gen_repo(["--preset", preset], root / "repo")
+        servers[preset] = TritonServer(repo, log_path=root / "tritonserver.log",
+                                       extra_args=list(EXPLICIT))
+        return servers[preset].start(timeout=300.0)
+
+    with ThreadPoolExecutor(max(len(needed), 1)) as pool:
+        started = {preset: pool.submit(start, preset) for preset in needed}
+        try:
+            yield started
+        finally:
+            for future in started.values():  # those still starting end first
+                future.exception()
+            for server in servers.values():
+                server.terminate()
+            for server in servers.values():
+                server.stop()
+                print(f"\ntritonserver log: {server.log_path}")
 
 
 @pytest.fixture(scope="session")
-def text_to_image_server(tmp_path_factory, _stopped_together):
-    yield from _session_server("text-to-image", tmp_path_factory, _stopped_together)
+def text_chat_server(_session_servers):
+    return _session_servers["text-chat"].result()
 
 
 @pytest.fixture(scope="session")
-def omni_chat_server(tmp_path_factory, _stopped_together):
-    yield from _session_server("omni-chat", tmp_path_factory, _stopped_together)
+def text_to_image_server(_session_servers):
+    return _session_servers["text-to-image"].result()
+
+
+@pytest.fixture(scope="session")
+def omni_chat_server(_session_servers):
+    return _session_servers["omni-chat"].result()
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -88,28 +89,43 @@ def processes_of(server: TritonServer, model: str) -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def loaded(server: TritonServer, repo: Path, models: Sequence[str],
+def loaded(server: TritonServer, repo: Path, models: Sequence[str | Sequence[str]],
            timeout_s: float = 60.0) -> Iterator[TritonServer]:
     """`models` of the generated `repo` copied into the repository of `server` (explicit
-    model control) and loaded in that order; on exit unloaded in the reverse order, their
-    processes ended and their folders removed, so the server is as it was."""
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    added: list[str] = []
+    model control) and loaded in that order, a group (a tuple of names) at once; on exit
+    unloaded in the reverse order, each group at once, their processes ended and their
+    folders removed, so the server is as it was. Triton loads several models at once
+    (`--model-load-thread-count`), and engines pinned to other cores load side by side."""
+    groups = [(m,) if isinstance(m, str) else tuple(m) for m in models]
+    added: list[tuple[str, ...]] = []
+
+    def unload(model: str) -> None:
+        procs = processes_of(server, model)
+        with grpcclient.InferenceServerClient(server.grpc_url) as own:
+            if own.is_model_ready(model):
+                own.unload_model(model)
+        left = outliving(procs, timeout_s)
+        shutil.rmtree(server.repository / model)
+        assert not left, f"{model} unloaded, its processes live on: {left}"
+
+    def load(model: str) -> None:
+        with grpcclient.InferenceServerClient(server.grpc_url) as own:
+            own.load_model(model)
+
     try:
-        for model in models:
-            shutil.copytree(repo / model, server.repository / model)
-            added.append(model)
-            client.load_model(model)
+        with ThreadPoolExecutor(max(len(g) for g in groups)) as pool:
+            for group in groups:
+                for model in group:
+                    shutil.copytree(repo / model, server.repository / model)
+                added.append(group)
+                for done in [pool.submit(load, model) for model in group]:
+                    done.result()
         yield server
     finally:
-        for model in reversed(added):
-            procs = processes_of(server, model)
-            if client.is_model_ready(model):
-                client.unload_model(model)
-            left = outliving(procs, timeout_s)
-            shutil.rmtree(server.repository / model)
-            assert not left, f"{model} unloaded, its processes live on: {left}"
-        client.close()
+        with ThreadPoolExecutor(max([len(g) for g in added], default=1)) as pool:
+            for group in reversed(added):
+                for done in [pool.submit(unload, model) for model in group]:
+                    done.result()
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ the test ends by stopping it, which it measures.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 
@@ -24,8 +23,6 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-
-from omni_serve.contract import ENGINE_ARGS_FILE, LLM_CONTRACT
 
 from .omni_io import error_code
 from .servers import gen_repo, outliving, restoring, serving, stub_of
@@ -110,39 +107,6 @@ def server(text_chat_server):
     """The session's text-chat server, `llm` serving again after the test."""
     with restoring(text_chat_server, MODEL):
         yield text_chat_server
-
-
-@pytest.fixture
-def bare(server):
-    """A `bare_llm` model folder in the shared repository, removed after the test."""
-    folder = server.repository / "bare_llm"
-    (folder / "1").mkdir(parents=True)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder)
-
-
-def test_a_bare_config_loads_completed_from_the_contract(server, bare):
-    """config.pbtxt with only `backend: "omni_llm"` (as vllm_backend allows): inputs,
-    outputs, decoupled policy and max_batch_size come from auto_complete_config."""
-    (bare / "config.pbtxt").write_text('backend: "omni_llm"\n')
-    shutil.copy(server.repository / MODEL / ENGINE_ARGS_FILE, bare / ENGINE_ARGS_FILE)
-    before = {p.pid for p in _engine_cores(server)}
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        client.load_model("bare_llm")
-        own = [p for p in _engine_cores(server) if p.pid not in before]
-        try:
-            config = client.get_model_config("bare_llm", as_json=True)["config"]
-            assert config["model_transaction_policy"]["decoupled"] is True
-            assert {t["name"] for t in config["input"]} == {t.name for t in LLM_CONTRACT.inputs}
-            assert int(config.get("max_batch_size", 0)) == 0
-            # the same checkpoint and engine arguments: the same greedy text as `llm`
-            assert _generate(server.grpc_url, "tell me", model="bare_llm") == _generate(
-                server.grpc_url, "tell me")
-        finally:
-            client.unload_model("bare_llm")
-    assert own and not outliving(own, timeout_s=60), "the unloaded model's engine lives on"
 
 
 def _generate(url: str, text: str = "hello", model: str = MODEL, deadline_s: float = 60) -> str:

@@ -4,9 +4,10 @@ The folder is the tiny default minus `talker.*`, `token2wav.*` and
 `spk_dict.pt` (what a thinker-only export ships); `omni-gen-repo --preset
 omni-chat --model DIR` leaves the talker and the audio decoder out.
 
-Its own server: the repository is the omni-chat preset's, model for model and name for
-name (`omni`, `llm`, the encoders, `text_to_image`), on other weights, and those names
-are taken on the session's omni-chat server.
+It loads its models into the session's text-to-image server (servers.loaded): the
+repository is the omni-chat preset's, model for model and name for name, and the
+omni-chat server has those names; the text-to-image server has only `text_to_image`,
+the same tiny Qwen-Image model, which the repository's orchestrator calls there.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from omni_tools import tiny_models
 
 from .omni_io import error_code, run_omni
-from .servers import gen_repo, serving
+from .servers import gen_repo, loaded
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +40,14 @@ def _text_only_copy(source: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(text_to_image_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("text-only")
     folder = _text_only_copy(tiny_models.ensure_model("qwen2.5-omni-tiny"), root / "checkpoint")
     repo = gen_repo(["--preset", "omni-chat", "--model", folder], root / "repo")
-    assert not (repo / "talker").exists() and not (repo / "audio_decoder").exists()
-    with serving(repo, root) as server:
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == [
+        "audio_encoder", "image_encoder", "llm", "omni", "text_to_image"]  # no speech stages
+    with loaded(text_to_image_server, repo,
+                [("llm", "image_encoder", "audio_encoder"), "omni"]) as server:
         yield server
 
 

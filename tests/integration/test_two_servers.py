@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,20 +89,29 @@ def servers(tmp_path_factory):
                    timeout=600)
     engine = TritonServer(root / "repo" / "engine", grpc_port=engine_grpc,
                           log_path=root / "engine.log")
-    engine.start()
+    front = None
     try:
-        # ports are picked once the engine server holds its own
-        # (the env wins over the spec's URL: a start retried on fresh ports moves the engine)
-        front = TritonServer(root / "repo" / "front", log_path=root / "front.log",
-                             env={"OMNI_SERVER_ENGINE_URL": engine.grpc_url})
-        front.start()
-        try:
-            yield front, engine
-        finally:
+        # Both start at once: the front reaches the engine only when a request comes. A
+        # start retried on fresh ports moves the engine (the env wins over the spec's URL),
+        # and then the front starts again, told where.
+        with ThreadPoolExecutor(1) as pool:
+            started = pool.submit(engine.start)
+            front = _front(root, engine.grpc_url)
+            started.result()
+        if front.env["OMNI_SERVER_ENGINE_URL"] != engine.grpc_url:
             front.stop()
+            front = _front(root, engine.grpc_url)
+        yield front, engine
     finally:
+        if front is not None:
+            front.stop()
         engine.stop()
         print(f"\nlogs: {root}")
+
+
+def _front(root: Path, engine_url: str) -> TritonServer:
+    return TritonServer(root / "repo" / "front", log_path=root / "front.log",
+                        env={"OMNI_SERVER_ENGINE_URL": engine_url}).start()
 
 
 def test_the_generator_wrote_one_repository_per_server(servers):

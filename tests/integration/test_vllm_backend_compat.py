@@ -28,6 +28,7 @@ import tritonclient.grpc as grpcclient
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
+from omni_serve.contract import LLM_CONTRACT
 from omni_tools.tiny_models import ensure_model
 
 from .servers import loaded, processes_of
@@ -247,6 +248,7 @@ def test_a_vllm_backend_repository_loads_with_its_bare_config_completed(compat):
     names = {t["name"] for t in config["input"]}
     assert {"text_input", "stream", "sampling_parameters", "exclude_input_in_output", "image",
             "embedding_request", *FLAGS} <= names
+    assert names == {t.name for t in LLM_CONTRACT.inputs}  # all of ours, from the contract
     assert {"text_output", "finish_reason", "cumulative_logprob", "logprobs",
             "num_input_tokens", "num_output_tokens"} <= {t["name"] for t in config["output"]}
 

@@ -9,7 +9,7 @@ at the folder with this class as its architecture, see families/qwen2_5_omni/tal
     logits = codec_head(h)                                 # the codec vocabulary
 
 `inputs_embeds` are the prompt embeddings the stage built (the thinker's rows,
-the speaker's token, codec pad/bos) at prompt positions and the codec
+the voice's token, codec pad/bos) at prompt positions and the codec
 embedding of the last sampled code at decode positions. `extra` is what vLLM
 has no input for: at decode position q the thinker's reply vector for that
 step (its hidden state + input embedding of reply token q - prompt_len + 1,
