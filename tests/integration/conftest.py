@@ -13,7 +13,7 @@ its tests and unloads them after (servers.loaded).
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -34,13 +34,13 @@ SESSION_SERVERS = {"text_chat_server": "text-chat", "text_to_image_server": "tex
 
 @pytest.fixture(scope="session")
 def _session_servers(request, tmp_path_factory):
-    """The session servers this run's tests use, all started at once when the first is
-    needed, and all stopped at once at the end. A start is mostly one process at a time
-    importing vLLM and torch, so on a small machine two starts side by side take little
-    longer than one; stopping is seconds of unloading per server."""
-    needed = [preset for fixture, preset in SESSION_SERVERS.items()
-              if any(fixture in item.fixturenames for item in request.session.items)]
+    """Starts of the session servers by preset: those this run's tests name all begin at
+    once when the first is needed, one asked for otherwise (getfixturevalue) when it is;
+    all are stopped at once at the end. A start is mostly one process at a time importing
+    vLLM and torch: the three side by side took 66-70 s on the 2-core machine, one after
+    another 85 s; stopping is seconds of unloading per server."""
     servers: dict[str, TritonServer] = {}
+    started: dict[str, Future] = {}
 
     def start(preset: str) -> TritonServer:
         root = tmp_path_factory.mktemp(preset)
@@ -50,10 +50,17 @@ def _session_servers(request, tmp_path_factory):
                                        extra_args=list(EXPLICIT))
         return servers[preset].start(timeout=300.0)
 
-    with ThreadPoolExecutor(max(len(needed), 1)) as pool:
-        started = {preset: pool.submit(start, preset) for preset in needed}
+    def get(preset: str) -> TritonServer:
+        if preset not in started:
+            started[preset] = pool.submit(start, preset)
+        return started[preset].result()
+
+    with ThreadPoolExecutor(len(SESSION_SERVERS)) as pool:
+        for fixture, preset in SESSION_SERVERS.items():
+            if any(fixture in item.fixturenames for item in request.session.items):
+                started[preset] = pool.submit(start, preset)
         try:
-            yield started
+            yield get
         finally:
             for future in started.values():  # those still starting end first
                 future.exception()
@@ -66,17 +73,17 @@ def _session_servers(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def text_chat_server(_session_servers):
-    return _session_servers["text-chat"].result()
+    return _session_servers("text-chat")
 
 
 @pytest.fixture(scope="session")
 def text_to_image_server(_session_servers):
-    return _session_servers["text-to-image"].result()
+    return _session_servers("text-to-image")
 
 
 @pytest.fixture(scope="session")
 def omni_chat_server(_session_servers):
-    return _session_servers["omni-chat"].result()
+    return _session_servers("omni-chat")
 
 
 @pytest.fixture(scope="session")
