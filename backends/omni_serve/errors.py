@@ -103,9 +103,11 @@ _BY_MESSAGE: tuple[tuple[tuple[str, ...], ErrorCode], ...] = (
       "unexpected inference input", "unexpected shape for input", "data-type is",
       "inputs but got", "expected number of inputs", "does not exist in request",
       "input byte size mismatch",
-      # vllm_backend's texts (llm/request.py, llm/lora.py): verbatim, with no field prefix
+      # vllm_backend's texts (llm/request.py, llm/lora.py, llm/stage.py): verbatim, with no
+      # field prefix
       "= false is not allowed", "lora feature is not enabled",
-      "is not supported, we currently support"), "INVALID_ARG"),
+      "is not supported, we currently support", "does not support 'embed' request",
+      "does not support 'generate' request"), "INVALID_ARG"),
 )
 
 

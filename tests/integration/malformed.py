@@ -569,8 +569,8 @@ def _messages_values(r: Recipe, drop: tuple[str, ...]) -> AttackStrategy:
 def _image_values(r: Recipe) -> AttackStrategy:
     """vllm_backend's `image`: base64 of an image file; neither base64 nor an image."""
     not_base64 = st.sampled_from([b"%%%", b"abc", b"not base64!", "\u00e9t\u00e9".encode()])
-    not_image = st.binary(min_size=1, max_size=48).filter(
-        lambda b: not b.startswith((b"\x89PNG", b"\xff\xd8", b"GIF", b"BM", b"RIFF")))
+    # fixed bytes PIL cannot open: random ones may pass for a headerless format (TGA)
+    not_image = st.sampled_from([b"\x00", b"hello", b"just some text, not pixels", b"{}"])
     return st.one_of(
         r.values_of("image", not_base64, text, "not base64"),
         r.values_of("image", not_image.map(base64.b64encode), text, "base64 of no image"))
@@ -585,8 +585,9 @@ def _embedding_values(r: Recipe, no_prompt: tuple[str, ...]) -> AttackStrategy:
                                           '{"input": [-1]}', '{"input": 3}']))
     return st.one_of(
         r.values_of("embedding_request", malformed, text, "bad embedding request", drop=drop),
+        # vllm_backend's verbatim refusal names the task: "... does not support 'embed' ..."
         st.just(r.attack("embedding_request", text(json.dumps({"input": "hello"})),
-                         "to a model that generates", drop=drop)))
+                         "to a model that generates", ("embed",), drop=drop)))
 
 
 def _text_only_media_values(r: Recipe) -> dict[str, AttackStrategy]:

@@ -34,6 +34,14 @@ def test_streaming_with_the_prompt_in_the_output_is_refused_with_vllm_backends_t
     assert code_of_message(str(e.value)) == "INVALID_ARG"  # as a 2.51 gRPC stream shows it
 
 
+@pytest.mark.parametrize("task", ["embed", "generate"])
+def test_a_task_the_model_cannot_serve_is_invalid_arg_as_a_251_stream_shows_it(task):
+    # llm/stage.py's refusal, vllm_backend's text: no "field: " prefix to read the code from
+    assert code_of_message(f"Model llm does not support '{task}' request") == "INVALID_ARG"
+    assert code_of_message(f"[StatusCode.INTERNAL] Model llm does not support '{task}' "
+                           "request") == "INTERNAL"  # a status tag wins
+
+
 @pytest.mark.parametrize("stream,exclude", [(True, True), (True, None), (False, False),
                                             (False, True), (False, None)])
 def test_every_other_stream_and_exclude_combination_is_accepted(stream, exclude):
