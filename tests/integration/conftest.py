@@ -27,6 +27,19 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
 
 
+# the session servers started so far (any that is running gets SIGTERM when the
+# integration tests are done, so they stop while the unit tests run)
+_STARTED: list[TritonServer] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # after the item's own teardown (its module's fixtures may still use a server)
+    if nextitem is None or nextitem.path.parent != item.path.parent:
+        for server in _STARTED:
+            server.terminate()  # waited for when the session ends (_session_servers)
+
+
 # the session servers: fixture -> the preset it serves
 SESSION_SERVERS = {"text_chat_server": "text-chat", "text_to_image_server": "text-to-image",
                    "omni_chat_server": "omni-chat"}
@@ -48,6 +61,7 @@ def _session_servers(request, tmp_path_factory):
         repo = gen_repo(["--preset", preset], root / "repo")
         servers[preset] = TritonServer(repo, log_path=root / "tritonserver.log",
                                        extra_args=list(EXPLICIT))
+        _STARTED.append(servers[preset])
         return servers[preset].start(timeout=300.0)
 
     def get(preset: str) -> TritonServer:
@@ -84,6 +98,39 @@ def text_to_image_server(_session_servers):
 @pytest.fixture(scope="session")
 def omni_chat_server(_session_servers):
     return _session_servers("omni-chat")
+
+
+class DefaultModeServer:
+    """The overload spec's server in Triton's default model-control mode, as the README
+    starts one (a vLLM engine, a DiT): test_overload floods it, then test_server_lifecycle
+    SIGKILLs it; `get()` starts it again for whoever comes after a kill."""
+
+    def __init__(self, root):
+        self.root, self.server = root, None
+
+    def get(self) -> TritonServer:
+        if self.server is None or self.server.proc.poll() is not None:
+            import yaml
+
+            from .bounded import SPEC
+
+            run = self.root / f"run{len(list(self.root.glob('run*')))}"
+            run.mkdir()
+            (run / "bounded.yaml").write_text(yaml.safe_dump(SPEC))
+            self.server = TritonServer(gen_repo([run / "bounded.yaml"], run / "repo"),
+                                       log_path=run / "tritonserver.log").start()
+        return self.server
+
+
+@pytest.fixture(scope="session")
+def default_mode_server(tmp_path_factory):
+    holder = DefaultModeServer(tmp_path_factory.mktemp("default-mode"))
+    try:
+        yield holder
+    finally:
+        if holder.server is not None:
+            holder.server.stop()
+            print(f"\ntritonserver log: {holder.server.log_path}")
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,9 @@ Real tritonserver with a spec of two bounded stages:
 Each is flooded with concurrent requests; every admitted one completes whole, and a
 request after the flood is served.
 
-Its own server, in Triton's default model-control mode as the README starts one (the
-session servers run under explicit model control): neither bounded stage is a model a
-session server has (the text-chat server's `llm`, unbounded, has the same name), so
-sharing one would save only a bare server's start, not a model load.
+A server of its own in Triton's default model-control mode as the README starts one
+(the session servers run under explicit model control), conftest.default_mode_server:
+test_server_lifecycle SIGKILLs it after these tests.
 """
 from __future__ import annotations
 
@@ -21,42 +20,22 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 from tritonclient.utils import InferenceServerException
 
 from omni_serve.contract import LLM
 
+from .bounded import LLM_QUEUED, LLM_RUNNING
 from .llm_io import llm_inputs
 from .omni_io import error_code
-from .servers import gen_repo, serving
 
 pytestmark = pytest.mark.integration
 
-LLM_RUNNING, LLM_QUEUED = 2, 2
-SPEC = {
-    "pipeline": "overload",
-    "stages": {
-        "llm": {"backend": "omni_llm", "model": "tiny:qwen2-tiny",
-                "engine_args": {"max_model_len": 2048, "enforce_eager": True, "dtype": "float32",
-                                "max_num_seqs": LLM_RUNNING},
-                "queue": {"max_queue_size": LLM_QUEUED}},
-        "dit": {"backend": "omni_dit", "model": "tiny:qwen-image-tiny",
-                "engine_args": {"default_height": 64, "default_width": 64, "default_steps": 4,
-                                "max_steps": 50, "torch_threads": 1},
-                "max_batch_size": 1, "queue": {"max_queue_size": 1}},
-    },
-    "entry": "llm",
-}
 TOKENS = 200
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("overload")
-    spec = root / "overload.yaml"
-    spec.write_text(yaml.safe_dump(SPEC))
-    with serving(gen_repo([spec], root / "repo"), root) as s:
-        yield s
+def server(default_mode_server):
+    return default_mode_server.get()
 
 
 def _flood_llm(url: str, n: int) -> tuple[dict[str, int], list[InferenceServerException]]:

@@ -2,7 +2,7 @@
 misrouted, every stream ends with one final response, and every server process is sampled.
 
 The 10-minute soak with its RSS figures is in docs/reliability.md; this one runs the same
-code (omni_tools.soak) for 30 s against the session's omni-chat server.
+code (omni_tools.soak) for 20 s against the session's omni-chat server.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from omni_tools.soak.mix import KINDS
 
 pytestmark = pytest.mark.integration
 
-CONFIG = SoakConfig(concurrency=8, duration_s=30, warmup_s=5, window_s=5, rss_interval_s=1.0,
+CONFIG = SoakConfig(concurrency=8, duration_s=20, warmup_s=4, window_s=4, rss_interval_s=1.0,
                     request_timeout_s=60, max_rss_growth_pct=None)
 
 

