@@ -55,8 +55,7 @@ def _session_servers(request, tmp_path_factory):
     servers: dict[str, TritonServer] = {}
     started: dict[str, Future] = {}
 
-    def start(preset: str) -> TritonServer:
-        root = tmp_path_factory.mktemp(preset)
+    def start(preset: str, root) -> TritonServer:
         # The user's path: the venv's console script, then the venv's tritonserver.
         repo = gen_repo(["--preset", preset], root / "repo")
         servers[preset] = TritonServer(repo, log_path=root / "tritonserver.log",
@@ -64,15 +63,21 @@ def _session_servers(request, tmp_path_factory):
         _STARTED.append(servers[preset])
         return servers[preset].start(timeout=300.0)
 
+    def submit(preset: str) -> None:
+        # the folder here, not in the thread: tmp_path_factory is not thread-safe (two
+        # threads making the session's first folder make two base folders, and each
+        # new one deletes all but the newest three)
+        started[preset] = pool.submit(start, preset, tmp_path_factory.mktemp(preset))
+
     def get(preset: str) -> TritonServer:
         if preset not in started:
-            started[preset] = pool.submit(start, preset)
+            submit(preset)
         return started[preset].result()
 
     with ThreadPoolExecutor(len(SESSION_SERVERS)) as pool:
         for fixture, preset in SESSION_SERVERS.items():
             if any(fixture in item.fixturenames for item in request.session.items):
-                started[preset] = pool.submit(start, preset)
+                submit(preset)
         try:
             yield get
         finally:
