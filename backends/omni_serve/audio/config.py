@@ -7,15 +7,16 @@ vocabulary, the longest utterance the decoder can place) is checked by
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from omni_serve.removed_settings import RefusesRemovedSettings
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
 
-class AudioStageConfig(BaseModel):
+class AudioStageConfig(RefusesRemovedSettings):
     """Typed engine.json of an audio decoder (codec frames -> waveform) stage; unknown keys are an error.
 
     `model` is a checkpoint folder as the hub ships it, of a model family with
@@ -50,16 +51,6 @@ class AudioStageConfig(BaseModel):
     # Voice used when a request names none; None: the checkpoint's default (a decoder
     # without voices takes none).
     default_voice: str | None = Field(default=None, min_length=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_removed_settings(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            gone = [f"{key}: {cls.REMOVED_SETTINGS[key]}" for key in data
-                    if key in cls.REMOVED_SETTINGS]
-            if gone:
-                raise ValueError("; ".join(gone))
-        return data
 
     @model_validator(mode="after")
     def _check(self) -> AudioStageConfig:

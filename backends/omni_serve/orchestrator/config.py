@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from omni_serve import env
 from omni_serve.families import DEFAULT as DEFAULT_FAMILY
+from omni_serve.removed_settings import RefusesRemovedSettings
 
 # The orchestrator's roles and the backend each must name (the stage's kind of work).
 ROLE_BACKENDS = {
@@ -137,7 +138,7 @@ class RemoteStage(BaseModel):
         return value  # type: ignore[return-value]
 
 
-class OrchestratorConfig(BaseModel):
+class OrchestratorConfig(RefusesRemovedSettings):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Settings that are gone: engine.json and omni-gen-repo's spec check name what to do.
@@ -207,16 +208,6 @@ class OrchestratorConfig(BaseModel):
     engine_retry_after_s: float = Field(default=10.0, gt=0)
     # Largest media a request may carry (bytes), checked before any stage runs.
     max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_removed_settings(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            gone = [f"{key}: {cls.REMOVED_SETTINGS[key]}" for key in data
-                    if key in cls.REMOVED_SETTINGS]
-            if gone:
-                raise ValueError("; ".join(gone))
-        return data
 
     @model_validator(mode="before")
     @classmethod
