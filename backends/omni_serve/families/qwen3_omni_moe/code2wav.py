@@ -179,7 +179,7 @@ def load_code2wav(folder: Path) -> Any:
     if not isinstance(raw.get("code2wav_config"), dict):
         raise ValueError(f"{config_path} has no code2wav_config (model_type {raw.get('model_type')!r}): "
                          "give a Qwen3-Omni checkpoint folder, e.g. Qwen/Qwen3-Omni-30B-A3B-Instruct")
-    config = Qwen3OmniMoeCode2WavConfig(**raw["code2wav_config"])
+    config = Qwen3OmniMoeCode2WavConfig.from_dict(raw["code2wav_config"])
     model = Qwen3OmniMoeCode2Wav._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     state = read_code2wav_tensors(folder)
     want = set(model.state_dict())
