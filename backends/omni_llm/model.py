@@ -21,32 +21,35 @@ from omni_serve.llm.stage import LLMStage
 from omni_serve.tritonio import make_response
 
 
-def _text(value: str) -> np.ndarray:
-    return np.array([value.encode("utf-8")], dtype=np.object_)
+def _texts(values) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
 
 
 def _response(req: LLMRequest, out: LLMOutput):
+    seqs = out.sequences or (out,)  # per-sequence tensors are n wide, as vllm_backend's
     if out.embedding is not None:  # vllm_backend's embedding response
-        tensors = {LLM.TEXT_OUTPUT: _text(json.dumps(out.embedding))}
+        tensors = {LLM.TEXT_OUTPUT: _texts([json.dumps(out.embedding)])}
     else:
-        tensors = {LLM.TEXT_OUTPUT: _text(out.text)}
+        tensors = {LLM.TEXT_OUTPUT: _texts(s.text for s in seqs)}
         if req.return_finish_reason:  # "None" until the last, as vllm_backend sends it
-            tensors[LLM.FINISH_REASON] = _text(str(out.finish_reason))
+            tensors[LLM.FINISH_REASON] = _texts(str(s.finish_reason) for s in seqs)
         if req.return_cumulative_logprob:  # NaN where vLLM computed none
-            value = np.nan if out.cumulative_logprob is None else out.cumulative_logprob
-            tensors[LLM.CUMULATIVE_LOGPROB] = np.array([value], dtype=np.float32)
+            tensors[LLM.CUMULATIVE_LOGPROB] = np.array(
+                [np.nan if s.cumulative_logprob is None else s.cumulative_logprob for s in seqs],
+                dtype=np.float32)
         if req.return_logprobs:
-            tensors[LLM.LOGPROBS] = _text(logprobs.to_json(out.logprobs))
+            tensors[LLM.LOGPROBS] = _texts(logprobs.to_json(s.logprobs) for s in seqs)
     if req.return_num_input_tokens:
         tensors[LLM.NUM_INPUT_TOKENS] = np.array([out.num_input_tokens], dtype=np.uint32)
     if req.return_num_output_tokens:
-        tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([out.num_output_tokens], dtype=np.uint32)
+        tensors[LLM.NUM_OUTPUT_TOKENS] = np.array([s.num_output_tokens for s in seqs],
+                                                  dtype=np.uint32)
     if req.return_token_ids:
         tensors[LLM.TOKEN_IDS] = np.array(out.token_ids, dtype=np.int64)
     if req.return_input_token_ids and out.input_token_ids is not None:
         tensors[LLM.INPUT_TOKEN_IDS] = np.array(out.input_token_ids, dtype=np.int64)
     if out.hidden_span is not None:
-        tensors[LLM.HIDDEN_STATES_FILE] = _text(out.hidden_file)
+        tensors[LLM.HIDDEN_STATES_FILE] = _texts([out.hidden_file])
         tensors[LLM.HIDDEN_STATES_ROWS] = np.array(out.hidden_span, dtype=np.int64)
     if req.return_hidden_states and out.hidden is not None:
         width = out.hidden.shape[1] // 2

@@ -122,7 +122,7 @@ BAD_REQUESTS = {
     "wrong type": (dict(sampling={"temperature": "hot"}), "sampling_parameters.temperature:"),
     "negative max_tokens": (dict(sampling={"max_tokens": -1}),
                             "sampling_parameters.max_tokens: max_tokens must be at least 1, got -1"),
-    "n > 1": (dict(sampling={"n": 2}), "sampling_parameters.n: only n=1"),
+    "n too large": (dict(sampling={"n": 5000}), "sampling_parameters.n: must be between 1 and"),
     "prompt too long": (dict(prompt="hello " * 3000),
                         "text_input: This model's maximum context length is 2048 tokens"),
     "empty prompt": (dict(prompt=""), "text_input: must not be empty"),

@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoTokenizer
 from omni_serve.contract import LLM_CONTRACT
 from omni_tools.tiny_models import ensure_model
 
+from .omni_io import error_code
 from .servers import loaded, processes_of
 
 pytestmark = pytest.mark.integration
@@ -182,6 +183,65 @@ def test_sampling_parameters_also_work_as_request_parameters_alone(url):
     as_parameters = infer(url, "llm", _inputs(PROMPT, stream=False, sampling=None),
                           parameters=GREEDY)
     assert text_of(as_parameters) == text_of(as_tensor) != PROMPT
+
+
+# --- n > 1: several sequences per prompt, every per-sequence tensor n wide ---------------------
+def _sequences(responses, n: int) -> dict[str, list]:
+    """Per sequence: its text (deltas joined), output token count, last finish reason."""
+    seqs = {"text": [""] * n, "tokens": [0] * n, "reason": [None] * n,
+            "logprobs": [[] for _ in range(n)], "cumulative": [math.nan] * n}
+    for result, _ in responses:
+        texts = result.as_numpy("text_output")
+        assert texts.shape == (n,)
+        for name in ("finish_reason", "cumulative_logprob", "logprobs", "num_output_tokens"):
+            assert result.as_numpy(name).shape == (n,), name
+        for i in range(n):
+            seqs["text"][i] += texts[i].decode()
+            seqs["tokens"][i] += int(result.as_numpy("num_output_tokens")[i])
+            seqs["reason"][i] = result.as_numpy("finish_reason")[i].decode()
+            seqs["logprobs"][i] += json.loads(result.as_numpy("logprobs")[i])
+            seqs["cumulative"][i] = float(result.as_numpy("cumulative_logprob")[i])
+    return seqs
+
+
+SAMPLED = {"temperature": 1.0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "seed": 11,
+           "logprobs": 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_sequences_come_n_wide_each_the_reply_of_its_own_seed(url, stream):
+    """vLLM gives sequence i of a seeded request the seed + i: each must be the reply of a
+    single request with that seed (vLLM refuses n > 1 with greedy sampling)."""
+    flags = dict.fromkeys(FLAGS, True)
+    singles = [_sequences(infer(url, "llm", _inputs(PROMPT, stream=False, sampling={
+        **SAMPLED, "seed": SAMPLED["seed"] + i}, exclude_input_in_output=True, **flags)), 1)
+        for i in range(3)]
+    responses = infer(url, "llm", _inputs(PROMPT, stream=stream, sampling={**SAMPLED, "n": 3},
+                                          exclude_input_in_output=True, **flags))
+    assert all(e is None for _, e in responses), [e.message() for _, e in responses if e]
+    assert stream or len(responses) == 1
+    seqs = _sequences(responses, 3)
+    assert seqs["text"] == [one["text"][0] for one in singles]
+    assert len(set(seqs["text"])) == 3  # three seeds, three replies
+    assert seqs["tokens"] == [MAX_TOKENS] * 3 and seqs["reason"] == ["length"] * 3
+    for i in range(3):
+        assert len(seqs["logprobs"][i]) == MAX_TOKENS
+        assert math.isclose(seqs["cumulative"][i], singles[i]["cumulative"][0], abs_tol=1e-4)
+    assert int(responses[0][0].as_numpy("num_input_tokens")[0]) > 0
+
+
+@pytest.mark.parametrize(("sampling", "flags", "expected"), [
+    ({"n": 5000}, {}, "sampling_parameters.n: must be between 1 and "),
+    ({"n": 0}, {}, "sampling_parameters.n: must be a positive integer, got 0"),
+    ({"n": "two"}, {}, "sampling_parameters.n: Input should be a valid integer"),
+    ({"n": 2}, {"return_token_ids": True},
+     "sampling_parameters.n: must be 1 (return_token_ids returns one sequence), got 2"),
+])
+def test_a_bad_n_is_invalid_arg_naming_it(url, sampling, flags, expected):
+    ((_, error),) = infer(url, "llm", _inputs(PROMPT, stream=False,
+                                              sampling={**SAMPLED, **sampling}, **flags))
+    assert expected in error.message() and error_code(error) == "INVALID_ARG"
+    assert text_of(infer(url, "llm", _inputs(PROMPT, stream=False, sampling=GREEDY)))
 
 
 def test_a_lora_request_to_a_model_without_lora_gets_vllm_backends_text(url):

@@ -105,9 +105,15 @@ def test_vllm_range_checks_become_request_errors_naming_the_parameter():
         sampling.build({"temperature": -0.5}, stream=False)
 
 
-def test_n_other_than_one_is_rejected():
-    with pytest.raises(RequestError, match="only n=1"):
+def test_n_other_than_one_is_refused_unless_the_caller_serves_it():
+    with pytest.raises(RequestError, match=r"n: must be 1 \(this stage generates one sequence"):
         sampling.build({"n": 3}, stream=False)
+    with pytest.raises(RequestError, match=r"n: must be between 1 and 4 \(why\), got 5"):
+        sampling.build({"n": 5}, stream=False, max_n=(4, "why"))
+    assert sampling.build({"n": 3}, stream=False, max_n=(4, "why")).n == 3
+    for bad in (True, "3", 2.0, 0, -1):
+        with pytest.raises(RequestError, match="n: must be a positive integer"):
+            sampling.build({"n": bad}, stream=False, max_n=(4, "why"))
 
 
 def test_stream_chooses_delta_or_final_only_output():
@@ -205,3 +211,16 @@ def test_merge_outputs_joins_text_and_logprobs_and_adds_the_output_counts():
                                logprobs=[{5: (-1.0, 1, "a")}, {6: (-0.5, 1, "b")},
                                          {7: (-1.0, 1, "")}])
     assert merge_outputs(outs[:1]) is outs[0]
+
+
+def test_merge_outputs_merges_n_sequences_each_by_its_index():
+    def step(a: str, b: str, final: bool = False) -> LLMOutput:
+        seqs = tuple(LLMOutput(t, "length" if final else None, 3, len(t), final, logprobs=[])
+                     for t in (a, b))
+        return LLMOutput("", None, 3, len(a) + len(b), final, sequences=seqs)
+
+    merged = merge_outputs([step("x", ""), step("", "yz"), step("w", "", final=True)])
+    assert [s.text for s in merged.sequences] == ["xw", "yz"]
+    assert [s.num_output_tokens for s in merged.sequences] == [2, 2]
+    assert merged.num_output_tokens == 4 and merged.final
+    assert [s.finish_reason for s in merged.sequences] == ["length", "length"]

@@ -315,6 +315,8 @@ def test_cancelling_the_request_closes_every_child_stream():
     ({OMNI.IMAGE: b"x" * 2000}, "image", "is 2000 bytes; at most 1000 are allowed"),
     ({OMNI.MODALITIES: ['["text", 1]']}, "modalities", "must be a list of strings"),
     ({OMNI.SAMPLING_PARAMETERS: b"{nope"}, "sampling_parameters", "invalid JSON"),
+    ({OMNI.SAMPLING_PARAMETERS: b'{"n": 2}'}, "sampling_parameters.n",
+     "must be 1: the omni model answers with one reply; got 2"),
 ])
 def test_bad_requests_name_the_input(extra, field, message):
     cfg = config(max_media_bytes=1000)

@@ -85,6 +85,7 @@ class EngineHost:
         self.engine = None
         self.supported_tasks: tuple[str, ...] = ()  # vLLM's ("generate",), ("embed", ...)
         self.max_model_len: int | None = None
+        self.max_num_seqs = 1  # sequences the engine runs at once, once started
         self.warmup_report = ""  # what the warm-up did and how long it took
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
@@ -141,8 +142,9 @@ class EngineHost:
         self.supported_tasks = tuple(await self.engine.get_supported_tasks())
         self._engine_processes = processes.descendants()
         self.max_model_len = self.engine.model_config.max_model_len
+        self.max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         if self.max_queued is not None:
-            self.max_in_flight = self.engine.vllm_config.scheduler_config.max_num_seqs + self.max_queued
+            self.max_in_flight = self.max_num_seqs + self.max_queued
         log.info("[%s] engine ready (model=%s, max_model_len=%s)", self.name,
                  self.engine_args.get("model"), self.max_model_len)
 
@@ -332,9 +334,8 @@ class EngineHost:
             now = time.perf_counter()
             if not out.finished and request_id in self._aborted:
                 await self.engine.abort(request_id)  # it reached the engine after its abort
-            comp = out.outputs[0]
             n_in = len(out.prompt_token_ids or ())
-            new_tokens = len(comp.token_ids)
+            new_tokens = sum(len(comp.token_ids) for comp in out.outputs)  # n > 1: several
             if first_at is None and new_tokens:
                 first_at = now
                 self.metrics.time_to_first_token(now - arrival)

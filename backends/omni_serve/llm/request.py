@@ -96,6 +96,9 @@ class LLMOutput:
     hidden_span: tuple[int, int, int] | None = None
     # with return_input_token_ids, on the first output: the prompt as the engine saw it
     input_token_ids: tuple[int, ...] | None = None
+    # with sampling n > 1: one output per sequence, by index (what each sequence adds; the
+    # outer output's num_output_tokens is their sum, its text and ids stay empty)
+    sequences: tuple[LLMOutput, ...] | None = None
 
 
 def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
@@ -103,6 +106,10 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
     if len(outputs) == 1:
         return outputs[0]
     last = outputs[-1]
+    sequences = None
+    if last.sequences is not None:
+        sequences = tuple(merge_outputs([o.sequences[i] for o in outputs])
+                          for i in range(len(last.sequences)))
     rows = [o.hidden for o in outputs if o.hidden is not None]
     spans = [o.hidden_span for o in outputs if o.hidden_span is not None]
     logprobs = [o.logprobs for o in outputs if o.logprobs is not None]
@@ -118,7 +125,7 @@ def merge_outputs(outputs: list[LLMOutput]) -> LLMOutput:
                      input_token_ids=next((o.input_token_ids for o in outputs
                                            if o.input_token_ids is not None), None),
                      hidden_span=(spans[0][0], sum(s[1] for s in spans), spans[0][2])
-                     if spans else None)
+                     if spans else None, sequences=sequences)
 
 
 _TRUE = {"true", "1", "yes"}

@@ -140,15 +140,23 @@ def _unknown_field_message(key: str) -> str:
     return f"unknown sampling parameter{hint}; allowed: {', '.join(fields)}"
 
 
-def build(fields: dict[str, Any], *, stream: bool, default_max_tokens: int | None = None):
-    """Build vLLM SamplingParams; vLLM's own range checks become RequestErrors."""
+def build(fields: dict[str, Any], *, stream: bool, default_max_tokens: int | None = None,
+          max_n: tuple[int, str] = (1, "this stage generates one sequence per request")):
+    """Build vLLM SamplingParams; vLLM's own range checks become RequestErrors.
+
+    `n` (sequences per prompt) must be within 1 and `max_n` = (limit, why).
+    """
     from vllm import SamplingParams
     from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
 
     fields = dict(fields)
-    if fields.get("n", 1) != 1:
-        raise RequestError(f"{FIELD}.n", f"only n=1 is supported by this stage, got {fields['n']}")
+    n, (limit, why) = fields.get("n", 1), max_n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise RequestError(f"{FIELD}.n", f"must be a positive integer, got {n!r}")
+    if n > limit:
+        allowed = "1" if limit == 1 else f"between 1 and {limit}"
+        raise RequestError(f"{FIELD}.n", f"must be {allowed} ({why}), got {n}")
     if default_max_tokens is not None and "max_tokens" not in fields:
         fields["max_tokens"] = default_max_tokens
     kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY

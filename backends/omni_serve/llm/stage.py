@@ -79,7 +79,7 @@ class LLMStage:
             return
         capture = None
         try:
-            params = sampling.build(req.sampling, stream=req.stream)
+            params = sampling.build(req.sampling, stream=req.stream, max_n=self._max_n(req))
             if params.extra_args and hidden_states.EXTRA_ARG in params.extra_args:
                 raise RequestError(f"{sampling.FIELD}.extra_args.{hidden_states.EXTRA_ARG}",
                                    "is set by the stage")
@@ -89,10 +89,21 @@ class LLMStage:
             if self.host.aborted(req.request_id):  # aborted while its prompt was rendered
                 sink.send(aborted_output())
                 return
-            await self._stream(req, sink, params, engine_input, arrival, capture, lora)
+            if params.n > 1:
+                await self._stream_sequences(req, sink, params, engine_input, arrival, lora)
+            else:
+                await self._stream(req, sink, params, engine_input, arrival, capture, lora)
         finally:
             if capture is not None:
                 capture.close()
+
+    def _max_n(self, req: LLMRequest) -> tuple[int, str]:
+        """How many sequences (sampling n) this request may ask for, and why no more."""
+        for flag, name in ((req.return_hidden_states, LLM.RETURN_HIDDEN_STATES),
+                           (req.return_token_ids, LLM.RETURN_TOKEN_IDS)):
+            if flag:
+                return 1, f"{name} returns one sequence"
+        return self.host.max_num_seqs, "the engine's max_num_seqs"
 
     def _check_task(self, req: LLMRequest) -> None:
         """vllm_backend's refusal of a request the model's runner cannot serve (its text)."""
@@ -179,4 +190,35 @@ class LLMStage:
                                 hidden=rows, hidden_span=span,
                                 hidden_file=capture.path if span is not None else None))
             first_output = False
+            sent = n_out
+
+    async def _stream_sequences(self, req: LLMRequest, sink: Sink, params, engine_input,
+                                arrival: float, lora=None) -> None:
+        """n > 1: every output carries all n sequences by index, as vllm_backend's
+        per-sequence tensors are n wide. Streamed, vLLM sends one sequence's delta at a
+        time: the others add nothing to that output and keep their finish reason and
+        cumulative logprob so far."""
+        n = params.n
+        last: list[LLMOutput | None] = [None] * n
+        sent = 0
+        async for out, n_in, n_out in self.host.generate(engine_input, params, req.request_id,
+                                                         arrival, req.stream, lora_request=lora):
+            prefix = ""
+            if not req.stream and not req.exclude_input_in_output:
+                prefix = out.prompt or req.prompt or ""
+            seqs = [LLMOutput(text="", finish_reason=p.finish_reason if p else None,
+                              num_input_tokens=n_in, num_output_tokens=0, final=False,
+                              cumulative_logprob=p.cumulative_logprob if p else None,
+                              logprobs=[] if params.logprobs is not None else None)
+                    for p in last]
+            for comp in out.outputs:
+                seqs[comp.index] = last[comp.index] = LLMOutput(
+                    text=prefix + comp.text, finish_reason=comp.finish_reason,
+                    num_input_tokens=n_in, num_output_tokens=len(comp.token_ids),
+                    final=comp.finish_reason is not None,
+                    cumulative_logprob=getattr(comp, "cumulative_logprob", None),
+                    logprobs=logprobs.collect(getattr(comp, "logprobs", None)))
+            sink.send(LLMOutput(text="", finish_reason=None, num_input_tokens=n_in,
+                                num_output_tokens=n_out - sent, final=out.finished,
+                                sequences=tuple(seqs)))
             sent = n_out

@@ -214,6 +214,10 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
             raise RequestError(OMNI.SAMPLING_PARAMETERS, f"invalid JSON ({e.msg})") from e
         if not isinstance(sampling, dict):
             raise RequestError(OMNI.SAMPLING_PARAMETERS, "must be a JSON object")
+        if sampling.get("n", 1) != 1:  # one reply is spoken and streamed per request
+            raise RequestError(f"{OMNI.SAMPLING_PARAMETERS}.n",
+                               f"must be 1: the omni model answers with one reply; "
+                               f"got {sampling['n']!r}")
     task = _task(tensors, cfg)
     history = _history(tensors)
     if history and task != "chat":
