@@ -1,0 +1,321 @@
+"""Qwen3-Omni's talker and code predictor as one vLLM model (runs in vLLM's worker process).
+
+`Qwen3OmniMoeTalkerForConditionalGeneration` of a real checkpoint, loaded from
+the whole checkpoint folder (`talker.*` and the thinker's
+`thinker.model.embed_tokens.weight`). vLLM samples one token per step: code 0
+(codebook 0) of a frame. The 15 residual codes of that frame are drawn inside
+the NEXT step's forward, batched over every decoding request:
+
+    decode row of frame f (its input id: code 0 of frame f, embedded by vLLM)
+      codes 1..15 of f = code predictor(talker's last hidden state of the
+                         previous step, embedding of code 0)      # 15 batched AR steps
+      x = sum of the 16 code embeddings + text_projection(thinker_embed(text id))
+    h = the talker's MoE decoder (qk-norm, interleaved M-RoPE, experts + a
+        shared expert behind a sigmoid gate) on x
+    logits = codec_head(h)
+
+Prompt rows arrive as prompt embeddings (the talker stage builds them, as
+transformers' `Qwen3OmniMoeForConditionalGeneration.generate` does). What vLLM
+has no input for, the worker extension (families/qwen3_omni_moe/talker_engine.py)
+puts in `omni_step` (a `TalkerStep`) before each forward: which rows are
+decode rows, each one's previous hidden state and text id, and the codes of
+frames already drawn (a recomputed request re-embeds them instead of drawing
+again). After the forward, `residual_codes` holds the codes drawn for
+`TalkerStep.rows`, for the extension to hand out.
+
+The code predictor is plain torch (it restarts every frame from 2 positions
+and never reads more than 16, so it keeps its own small KV cache instead of
+vLLM's paged one); greedy, as transformers' with `talker_do_sample=False`.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.interfaces import SupportsMRoPE
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeModel
+from vllm.model_executor.models.utils import maybe_prefix
+
+TALKER_PREFIX = "talker."
+THINKER_EMBED = "thinker.model.embed_tokens.weight"
+# talker weights the engine has no use for: the stage projects the prompt's media rows
+UNUSED = ("hidden_projection.",)
+
+
+@dataclass
+class TalkerStep:
+    """The step's decode rows, as the worker extension found them (flattened batch rows).
+
+    rows / past_hidden: decode rows whose frame's residual codes are drawn now, and the
+    talker's last hidden state of each one's previous step. known_rows / known_codes:
+    decode rows whose frame's codes were drawn before (a recomputed request). text_ids:
+    the thinker-vocabulary id of the text row of every decode row, `rows` first, then
+    `known_rows` (a reply token, then tts_eos, then tts_pad).
+    """
+
+    rows: torch.Tensor  # [D] long
+    past_hidden: torch.Tensor  # [D, hidden]
+    text_ids: torch.Tensor  # [D + K] long
+    known_rows: torch.Tensor | None = None  # [K] long
+    known_codes: torch.Tensor | None = None  # [K, groups - 1] long
+
+
+# --- the code predictor (plain torch) ---------------------------------------------------
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class _Attention(nn.Module):
+    """Qwen3 attention (qk-norm, GQA, 1D RoPE) over a cache of at most `groups` positions."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = _RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = _RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache: list):
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if cache:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        cache[:] = [k, v]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1,
+                                             enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class _Layer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = _Attention(config)
+        self.mlp = _Mlp(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _PredictorModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        groups = config.num_code_groups
+        self.layers = nn.ModuleList(_Layer(config) for _ in range(config.num_hidden_layers))
+        self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(config.vocab_size, config.hidden_size) for _ in range(groups - 1))
+
+
+class CodePredictor(nn.Module):
+    """`talker.code_predictor`: codes 1..groups-1 of a frame from (talker hidden, code 0 embedding).
+
+    Parameter names are the checkpoint's under `talker.code_predictor.`.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"code predictor rope_type {rope['rope_type']!r} is not supported "
+                             "(the Qwen3-Omni checkpoints use 'default')")
+        self.groups = config.num_code_groups
+        self.model = _PredictorModel(config)
+        self.lm_head = nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+                                     for _ in range(self.groups - 1))
+        head_dim = self.model.layers[0].self_attn.head_dim
+        theta = float(rope.get("rope_theta", 10000.0))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _rope(self, start: int, n: int, dtype):
+        pos = torch.arange(start, start + n, device=self.inv_freq.device, dtype=torch.float)
+        freqs = pos[:, None] * self.inv_freq[None]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+
+    def _step(self, x: torch.Tensor, start: int, caches: list) -> torch.Tensor:
+        cos, sin = self._rope(start, x.shape[1], x.dtype)
+        for layer, cache in zip(self.model.layers, caches, strict=True):
+            x = layer(x, cos, sin, cache)
+        return self.model.norm(x[:, -1])
+
+    @torch.no_grad()
+    def draw(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor) -> torch.Tensor:
+        """Greedy codes 1..groups-1, [B, groups - 1], of B frames at once."""
+        caches = [[] for _ in self.model.layers]
+        x = torch.stack([past_hidden, code0_embeds], dim=1)
+        codes = []
+        for k in range(self.groups - 1):
+            h = self._step(x, 0 if k == 0 else k + 1, caches)
+            codes.append(self.lm_head[k](h).argmax(-1))
+            if k + 1 < self.groups - 1:
+                x = self.model.codec_embedding[k](codes[-1])[:, None]
+        return torch.stack(codes, dim=1)
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of the embeddings of codes 1..groups-1 ([B, groups - 1] -> [B, hidden])."""
+        return sum(emb(codes[:, k]) for k, emb in enumerate(self.model.codec_embedding))
+
+
+class ResizeMLP(nn.Module):
+    """`text_projection`: thinker width -> talker width (checkpoint names)."""
+
+    def __init__(self, config):
+        super().__init__()
+        inner = config.text_config.intermediate_size
+        self.linear_fc1 = nn.Linear(config.thinker_hidden_size, inner, bias=True)
+        self.linear_fc2 = nn.Linear(inner, config.text_config.hidden_size, bias=True)
+        if config.text_config.hidden_act != "silu":
+            raise ValueError(f"talker hidden_act {config.text_config.hidden_act!r} is not supported")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+# --- the talker (vLLM) ------------------------------------------------------------------
+
+def talker_text_config(talker_config):
+    """The talker decoder's config as vLLM's Qwen3-MoE layers read it (M-RoPE interleaved,
+    as transformers always interleaves)."""
+    text = copy.deepcopy(talker_config.text_config)
+    rope = dict(text.rope_parameters or {})
+    if "mrope_section" in rope:
+        rope["mrope_interleaved"] = True
+    text.rope_parameters = rope
+    return text
+
+
+class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        talker = config.talker_config
+        self.config = talker
+        text = talker_text_config(talker)
+        sub = vllm_config.with_hf_config(text, architectures=["Qwen3MoeForCausalLM"])
+        sub.model_config.hf_text_config = text  # with_hf_config keeps the thinker's text config
+        # model.embed_tokens is the checkpoint's model.codec_embedding (code 0's embedding)
+        self.model = Qwen3MoeModel(vllm_config=sub, prefix=maybe_prefix(prefix, "model"))
+        self.codec_head = ParallelLMHead(text.vocab_size, text.hidden_size,
+                                         prefix=maybe_prefix(prefix, "codec_head"))
+        self.logits_processor = LogitsProcessor(text.vocab_size)
+        self.text_projection = ResizeMLP(talker)
+        # the thinker's input embedding (its rows are the decode steps' text); resized when
+        # the checkpoint's tensor loads
+        self.thinker_embed = nn.Embedding(1, talker.thinker_hidden_size)
+        self.code_predictor = CodePredictor(talker.code_predictor_config)
+        self.omni_step: TalkerStep | None = None  # set by the worker extension, per forward
+        self.residual_codes: torch.Tensor | None = None  # [D, groups - 1] after a forward
+
+    def get_mrope_input_positions(self, input_tokens, mm_features):
+        # A text prompt's positions; the worker extension overwrites them for a prompt
+        # with media (the talker request's own 3D positions).
+        n = len(input_tokens)
+        return torch.arange(n).expand(3, n).clone(), 0
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def frame_inputs(self, x: torch.Tensor, step: TalkerStep) -> torch.Tensor:
+        """`x` with each decode row's code 0 embedding completed into its frame's input."""
+        rows = step.rows.to(x.device)
+        drawn = self.code_predictor.draw(step.past_hidden.to(x), x[rows])
+        self.residual_codes = drawn
+        all_rows, codes = rows, drawn
+        if step.known_rows is not None and step.known_rows.numel():
+            all_rows = torch.cat([rows, step.known_rows.to(x.device)])
+            codes = torch.cat([drawn, step.known_codes.to(drawn)])
+        text = self.text_projection(self.thinker_embed(step.text_ids.to(x.device)))
+        x = x.clone()
+        x[all_rows] = x[all_rows] + self.code_predictor.embed(codes) + text.to(x.dtype)
+        return x
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs) -> torch.Tensor:
+        x = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        step, self.omni_step = self.omni_step, None
+        self.residual_codes = None
+        if step is not None and (step.rows.numel() or step.text_ids.numel()):
+            x = self.frame_inputs(x, step)
+        return self.model(None, positions, intermediate_tensors, x)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.codec_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+
+        def load(name: str, tensor: torch.Tensor) -> None:
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"unexpected talker weight {TALKER_PREFIX}{name!r}")
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(name)
+
+        def decoder_weights():
+            for name, tensor in weights:
+                if name == THINKER_EMBED:
+                    # sized here: the engine's text config carries the talker's vocabulary
+                    w = self.thinker_embed.weight
+                    self.thinker_embed.weight = nn.Parameter(tensor.to(w.device, w.dtype),
+                                                             requires_grad=False)
+                    loaded.add("thinker_embed.weight")
+                if not name.startswith(TALKER_PREFIX):
+                    continue  # the thinker and Code2Wav
+                inner = name[len(TALKER_PREFIX):]
+                if inner == "model.codec_embedding.weight":
+                    yield "embed_tokens.weight", tensor
+                elif inner.startswith("model."):
+                    yield inner[len("model."):], tensor
+                elif not inner.startswith(UNUSED):
+                    load(inner, tensor)
+
+        loaded |= {f"model.{n}" for n in self.model.load_weights(decoder_weights())}
+        return loaded

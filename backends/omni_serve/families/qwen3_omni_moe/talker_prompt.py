@@ -1,0 +1,213 @@
+"""Qwen3-Omni's talker prompt, per-step text ids and engine arguments (omni_talker stub process).
+
+The talker stage serves the checkpoint's own talker (families/qwen3_omni_moe/talker_model.py)
+from the whole Qwen3-Omni folder. What a talker request needs is token ids: the thinker's
+prompt (`prompt_ids`, as its engine saw it) and its reply (`reply_ids`). `TalkerPrompter`
+builds the prefill as transformers' `Qwen3OmniMoeForConditionalGeneration.generate` does:
+
+    user turns (every token from a user turn's <|im_start|> to the next one), in order:
+        text_projection(thinker embedding)             # media rows: not served yet
+    the assistant turn (A = its tokens, <|im_start|> on, then the reply but its last token):
+        A[0..2]  text_projection(embed(A[i]))
+        3..6     tts_pad row + codec nothink, think_bos, think_eos, the voice's speaker id
+        7        tts_bos row + codec pad
+        8        text_projection(embed(A[3])) + codec bos
+
+and the decode steps' text ids (`trailing_text_ids`: A[4:], then tts_eos, then tts_pad for
+ever), which travel to the engine feed (families/qwen3_omni_moe/talker_engine.py) with the
+codes file the worker writes each frame's residual codes to.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_serve.families.qwen3_omni_moe import talker_engine
+
+ARCHITECTURE = "Qwen3OmniTalkerForConditionalGeneration"  # what the vLLM registry knows it by
+MODEL_CLASS = "omni_serve.families.qwen3_omni_moe.talker_model:Qwen3OmniTalker"
+THINKER_EMBED = "thinker.model.embed_tokens.weight"
+CODEC_EMBED = "talker.model.codec_embedding.weight"
+# transformers' Qwen3OmniMoeForConditionalGeneration.generate talker defaults
+DEFAULT_SAMPLING: dict[str, Any] = {
+    "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096,
+}
+SUPPRESSED_TOP_IDS = 1024  # transformers never samples the top 1024 codec ids but codec eos
+
+
+def engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    """vLLM engine arguments of a talker stage (the checkpoint folder as `model`).
+
+    vLLM sizes prompt embeddings, logits and sampling masks from the text config, which
+    for Qwen3-Omni is the thinker's: its shape fields are set to the talker decoder's.
+    """
+    overrides = dict(args.get("hf_overrides") or {})
+    overrides["architectures"] = [ARCHITECTURE]
+    config = json.loads((Path(args["model"]) / "config.json").read_text())
+    text = config.get("talker_config", {}).get("text_config", {})
+    shape = {k: text[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                  "num_attention_heads", "num_key_value_heads", "head_dim")
+             if k in text}
+    overrides["thinker_config"] = {"text_config": shape}
+    return {
+        **args,
+        "hf_overrides": overrides,
+        "enable_prompt_embeds": True,
+        "skip_tokenizer_init": True,
+        # a cached block would skip the per-step inputs of another request
+        "enable_prefix_caching": False,
+        "async_scheduling": False,
+        "worker_extension_cls": talker_engine.EXTENSION,
+    }
+
+
+def assistant_start(prompt_ids: list[int], config) -> int:
+    """Index of the last `<|im_start|>assistant` of the thinker's prompt."""
+    for i in range(len(prompt_ids) - 2, -1, -1):
+        if prompt_ids[i] == config.im_start_token_id and prompt_ids[i + 1] == config.assistant_token_id:
+            return i
+    raise ValueError("the thinker prompt has no <|im_start|>assistant turn")
+
+
+def user_positions(prompt_ids: list[int], config) -> list[int]:
+    """Positions of the user turns (from a user <|im_start|> up to the next <|im_start|>)."""
+    out, in_user = [], False
+    for i, token in enumerate(prompt_ids):
+        if token == config.im_start_token_id:
+            in_user = i + 1 < len(prompt_ids) and prompt_ids[i + 1] == config.user_token_id
+        if in_user:
+            out.append(i)
+    return out
+
+
+def assistant_ids(prompt_ids: list[int], reply_ids: list[int], config) -> list[int]:
+    """The assistant turn as the thinker fed it: <|im_start|> on, the reply's last token left out."""
+    return prompt_ids[assistant_start(prompt_ids, config):] + list(reply_ids[:-1])
+
+
+def trailing_text_ids(prompt_ids: list[int], reply_ids: list[int], config) -> list[int]:
+    """The thinker ids of the decode steps' text rows: entry j is decode step j's (tts_pad after)."""
+    ids = assistant_ids(prompt_ids, reply_ids, config)[4:] + [config.tts_eos_token_id]
+    ends = [j for j, t in enumerate(reply_ids) if t == config.im_end_token_id]
+    eos = ends[0] if ends else len(reply_ids)
+    # entry j holds reply token j + 1: the marker goes right after the reply's first eos
+    return [config.tts_pad_token_id if j > eos else config.tts_eos_token_id if j == eos else t
+            for j, t in enumerate(ids)]
+
+
+def _weights_file(folder: Path, name: str) -> Path:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return folder / json.loads(index.read_text())["weight_map"][name]
+    return folder / "model.safetensors"
+
+
+def _tensors(folder: Path, names: list[str]) -> dict:
+    import torch
+    from safetensors import safe_open
+
+    out = {}
+    for name in names:
+        with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
+            out[name] = f.get_tensor(name).to(torch.float32)
+    return out
+
+
+class TalkerPrompter:
+    """The talker stage's Qwen3-Omni side: prompts, text ids and sampling; one per stage."""
+
+    codec_groups = 16
+    reserved_extra_args = (talker_engine.EXTRA_ARG,)
+    engine_args = staticmethod(engine_args)
+
+    def __init__(self, folder: str | Path):
+        import torch
+        from transformers import AutoConfig
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeTalkerResizeMLP,
+        )
+
+        self.folder = Path(folder)
+        config = AutoConfig.from_pretrained(self.folder)
+        talker = getattr(config, "talker_config", None)
+        if talker is None or not getattr(config, "enable_audio_output", True):
+            raise ValueError(f"{self.folder} is a Qwen3-Omni checkpoint without a talker")
+        self.config, self.talker = config, talker
+        self.codec_groups = talker.num_code_groups
+        self.vocab_size = talker.text_config.vocab_size
+        names = [f"talker.text_projection.{p}.{w}" for p in ("linear_fc1", "linear_fc2")
+                 for w in ("weight", "bias")]
+        weights = _tensors(self.folder, [THINKER_EMBED, CODEC_EMBED, *names])
+        self.projection = Qwen3OmniMoeTalkerResizeMLP(talker).eval()
+        self.projection.load_state_dict({n[len("talker.text_projection."):]: weights[n] for n in names})
+        self.thinker_embed = torch.nn.Embedding.from_pretrained(weights[THINKER_EMBED])
+        self.codec_embed = torch.nn.Embedding.from_pretrained(weights[CODEC_EMBED])
+        self.stop_ids = [talker.codec_eos_token_id]
+        top = self.vocab_size - SUPPRESSED_TOP_IDS
+        self.allowed_ids = [i for i in range(self.vocab_size) if i < top or i in self.stop_ids]
+        self.voices = {name.lower(): int(i) for name, i in (talker.speaker_id or {}).items()}
+
+    def sampling(self, requested: dict[str, Any], max_model_len: int | None = None) -> dict[str, Any]:
+        """The request's sampling fields over the checkpoint's defaults (SamplingParams kwargs)."""
+        params = {**DEFAULT_SAMPLING, **requested}
+        if max_model_len:
+            params["max_tokens"] = min(int(params["max_tokens"]), max_model_len)
+        params["stop_token_ids"] = list(self.stop_ids)
+        params["allowed_token_ids"] = list(self.allowed_ids)
+        return params
+
+    def _text_rows(self, ids: list[int]):
+        import torch
+
+        with torch.no_grad():
+            return self.projection(self.thinker_embed(torch.tensor(ids, dtype=torch.long)))
+
+    def prompt_embeds(self, prompt_ids: list[int], reply_ids: list[int], voice: str):
+        """The talker's prefill rows, float32 [users + 9, hidden] (transformers' generate)."""
+        import torch
+
+        cfg, talker = self.config, self.talker
+        media = {talker.audio_token_id, talker.image_token_id, talker.video_token_id}
+        users = [prompt_ids[i] for i in user_positions(prompt_ids, cfg)]
+        if media & set(users):
+            raise ValueError("a prompt with media needs the thinker's hidden states at "
+                             "accept_hidden_layer, which this talker does not read yet")
+        turn = assistant_ids(prompt_ids, reply_ids, cfg)
+        if len(turn) < 4:
+            raise ValueError("the talker needs the assistant turn's first reply token")
+        if voice.lower() not in self.voices:
+            raise ValueError(f"unknown voice {voice!r}; known voices: {', '.join(sorted(self.voices))}")
+        pad, bos = self._text_rows([cfg.tts_pad_token_id, cfg.tts_bos_token_id])
+        head = self._text_rows(turn[:4])
+        text = torch.cat([head[:3], pad.expand(4, -1), bos[None], head[3:4]])
+        codec_ids = [talker.codec_nothink_id, talker.codec_think_bos_id, talker.codec_think_eos_id,
+                     self.voices[voice.lower()], talker.codec_pad_id, talker.codec_bos_id]
+        with torch.no_grad():
+            codec = torch.cat([torch.zeros(3, text.shape[1]), self.codec_embed(torch.tensor(codec_ids))])
+        parts = [self._text_rows(users)] if users else []
+        return torch.cat([*parts, text + codec])
+
+    def prompt(self, prompt_ids: list[int], reply_ids: list[int], voice: str,
+               codes_file: str) -> tuple[dict, dict]:
+        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed)."""
+        embeds = self.prompt_embeds(prompt_ids, reply_ids, voice)
+        n = embeds.shape[0]
+        prompt = {
+            "prompt_embeds": embeds,
+            # what vLLM's repetition penalty sees of the prompt: a code it never samples
+            # (transformers' talker penalizes only the codes it generated)
+            "prompt_token_ids": [self.talker.codec_pad_id] * n,
+            "prompt_is_token_ids": [False] * n,
+        }
+        feed = {"prompt_len": n, "pad_id": self.config.tts_pad_token_id, "codes_file": codes_file,
+                "text_ids": trailing_text_ids(prompt_ids, reply_ids, self.config)}
+        return prompt, {talker_engine.EXTRA_ARG: feed}
+
+    def frames(self, code0: list[int], residual: np.ndarray) -> np.ndarray:
+        """[frames, groups] int64: each frame whose residual codes the engine wrote."""
+        n = min(len(code0), len(residual))
+        return np.concatenate([np.asarray(code0[:n], np.int64)[:, None],
+                               residual[:n].astype(np.int64)], axis=1)

@@ -1,0 +1,179 @@
+"""Qwen3-Omni's talker on vLLM draws the codes transformers draws (tiny random checkpoint, CPU).
+
+Where it runs: the pytest process; the engine test runs vLLM in-process (no engine-core
+subprocess), so the talker class is registered here rather than by the plugin.
+What flows through it: transformers' `Qwen3OmniMoeForConditionalGeneration.generate(
+return_audio=True)` with greedy thinker and talker, spied on to keep the talker's inputs
+(prompt embeddings, trailing text rows) and its frames; the same prompt embeddings and the
+reply's token ids go to the served talker, whose code 0 per step and residual codes (the
+side-channel file) must make the same [frames, 16].
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omni_serve.families.qwen3_omni_moe import talker_engine, talker_prompt
+from omni_serve.families.qwen3_omni_moe.talker_model import CodePredictor, ResizeMLP
+from omni_tools.tiny_qwen3_omni import QWEN3_OMNI_CHAT_TEMPLATE, build_qwen3_omni_checkpoint
+
+GROUPS = 16
+TALKER_FRAMES = 12  # talker_max_new_tokens: frames 0..10 get their residual codes
+THINKER_TOKENS = 8
+PROMPTS = ("hello there how are you", "say something short about the sea")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("qwen3") / "omni"
+    build_qwen3_omni_checkpoint(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(checkpoint), dtype=torch.float32).eval()
+
+
+def _generate(model, checkpoint: Path, text: str) -> dict:
+    """transformers' greedy run of one user turn: what its talker got and drew."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], chat_template=QWEN3_OMNI_CHAT_TEMPLATE,
+                                  add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)["input_ids"]
+    seen: dict = {}
+    talker_generate = model.talker.generate
+
+    def spy(**kwargs):
+        seen.update(kwargs, result=talker_generate(**kwargs))
+        return seen["result"]
+
+    model.talker.generate = spy
+    try:
+        sequences, _ = model.generate(ids, return_audio=True, thinker_do_sample=False,
+                                      talker_do_sample=False, speaker="ethan",
+                                      thinker_max_new_tokens=THINKER_TOKENS,
+                                      talker_max_new_tokens=TALKER_FRAMES,
+                                      thinker_eos_token_id=model.config.im_end_token_id)
+    finally:
+        model.talker.generate = talker_generate
+    result = seen["result"]
+    frames = torch.stack([h[-1] for h in result.hidden_states if h[-1] is not None], dim=1)[0]
+    return {"prompt": ids[0].tolist(), "reply": sequences[0, ids.shape[1]:].tolist(),
+            "prompt_embeds": seen["inputs_embeds"][0], "trailing": seen["trailing_text_hidden"][0],
+            "pad": seen["tts_pad_embed"][0, 0], "frames": frames.numpy()}
+
+
+@pytest.fixture(scope="module")
+def references(model, checkpoint) -> list[dict]:
+    return [_generate(model, checkpoint, text) for text in PROMPTS]
+
+
+# --- the model's parts against transformers' modules --------------------------------------
+
+def test_the_code_predictor_draws_a_batch_of_frames_as_transformers_draws_each_one(model):
+    talker = model.talker
+    predictor = CodePredictor(talker.config.code_predictor_config)
+    predictor.load_state_dict(talker.code_predictor.state_dict())
+    g = torch.Generator().manual_seed(3)
+    past = torch.randn(6, talker.config.text_config.hidden_size, generator=g)
+    code0 = torch.randint(0, talker.config.code_predictor_config.vocab_size, (6,), generator=g)
+    first = talker.get_input_embeddings()(code0)
+
+    with torch.no_grad():
+        drawn = predictor.draw(past, first)
+        sums = first + predictor.embed(drawn)
+    for b in range(6):
+        ref = talker.code_predictor.generate(
+            inputs_embeds=torch.stack([past[b], first[b]])[None], max_new_tokens=GROUPS - 1,
+            do_sample=False, output_hidden_states=True, return_dict_in_generate=True)
+        assert drawn[b].tolist() == ref.sequences[0].tolist()
+        # transformers' next talker input: code 0's embedding, the fed-back residual
+        # embeddings, the last code's embedding
+        fed = [h[0][0, 0] for h in ref.hidden_states[1:]]
+        last = talker.code_predictor.get_input_embeddings()[-1](ref.sequences[0, -1:])[0]
+        torch.testing.assert_close(sums[b], first[b] + sum(fed) + last, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def prompter(checkpoint):
+    return talker_prompt.TalkerPrompter(checkpoint)
+
+
+def test_the_talker_prompt_is_transformers_talker_prompt(prompter, references):
+    for ref in references:
+        embeds = prompter.prompt_embeds(ref["prompt"], ref["reply"], "ethan")
+        torch.testing.assert_close(embeds, ref["prompt_embeds"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_decode_steps_text_ids_give_transformers_trailing_text_rows(model, references):
+    projection = ResizeMLP(model.talker.config)
+    projection.load_state_dict(model.talker.text_projection.state_dict())
+    embed = model.thinker.get_input_embeddings()
+    for ref in references:
+        ids = talker_prompt.trailing_text_ids(ref["prompt"], ref["reply"], model.config)
+        with torch.no_grad():
+            rows = projection(embed(torch.tensor(ids)))
+            pad = projection(embed(torch.tensor([model.config.tts_pad_token_id])))[0]
+        torch.testing.assert_close(rows, ref["trailing"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pad, ref["pad"], rtol=1e-5, atol=1e-5)
+
+
+# --- the engine ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    from vllm import LLM, ModelRegistry
+
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the registration below reaches the worker
+    ModelRegistry.register_model(talker_prompt.ARCHITECTURE, talker_prompt.MODEL_CLASS)
+    args = talker_prompt.engine_args({"model": str(checkpoint)})
+    try:
+        llm = LLM(**args, enforce_eager=True, dtype="float32", max_model_len=512, max_num_seqs=4,
+                  kv_cache_memory_bytes=64 << 20)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+    assert llm.collective_rpc(talker_engine.RPC) == [""]
+    yield llm
+    del llm
+
+
+def test_the_served_talker_draws_transformers_frames_for_a_batch_of_requests(
+        engine, prompter, references):
+    import tempfile
+
+    from vllm import SamplingParams
+
+    directory = tempfile.mkdtemp(prefix="omni_hs_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    prompts, params, files = [], [], []
+    for i, ref in enumerate(references):
+        path = os.path.join(directory, f"codes{i}")
+        open(path, "wb").close()
+        files.append(path)
+        prompt, extra = prompter.prompt(ref["prompt"], ref["reply"], "ethan", codes_file=path)
+        prompts.append(prompt)
+        params.append(SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
+                                     extra_args=extra, detokenize=False))
+    try:
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        for ref, out, path in zip(references, outputs, files, strict=True):
+            frames = prompter.frames(list(out.outputs[0].token_ids), talker_engine.read_codes(path, GROUPS))
+            assert frames.shape == ref["frames"].shape
+            np.testing.assert_array_equal(frames, ref["frames"])
+    finally:
+        for path in files:
+            os.unlink(path)
+        os.rmdir(directory)
