@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from omni_serve.families.qwen3_omni_moe import talker_engine, talker_prompt
-from omni_serve.families.qwen3_omni_moe.talker_model import CodePredictor, ResizeMLP
+from omni_serve.families.qwen3_omni_moe.talker_model import CodePredictor, ResizeMLP, filter_logits
 from omni_tools.tiny_qwen3_omni import QWEN3_OMNI_CHAT_TEMPLATE, build_qwen3_omni_checkpoint
 
 GROUPS = 16
@@ -102,6 +102,54 @@ def test_the_code_predictor_draws_a_batch_of_frames_as_transformers_draws_each_o
         fed = [h[0][0, 0] for h in ref.hidden_states[1:]]
         last = talker.code_predictor.get_input_embeddings()[-1](ref.sequences[0, -1:])[0]
         torch.testing.assert_close(sums[b], first[b] + sum(fed) + last, rtol=1e-5, atol=1e-5)
+
+
+def test_residual_sampling_filters_logits_as_transformers_warpers_do():
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 128, generator=g) * 3
+    settings = [(1.0, 50, 0.8), (0.7, 5, 1.0), (1.3, 0, 0.5), (1.0, 128, 0.95)]
+    mine = filter_logits(logits, torch.tensor([t for t, _, _ in settings]),
+                         torch.tensor([k for _, k, _ in settings]),
+                         torch.tensor([p for _, _, p in settings]))
+    for row, (t, k, p) in zip(range(4), settings, strict=True):
+        ref = TemperatureLogitsWarper(t)(None, logits[row:row + 1].clone())
+        if k:
+            ref = TopKLogitsWarper(k)(None, ref)
+        if p < 1.0:
+            ref = TopPLogitsWarper(p)(None, ref)
+        assert torch.equal(torch.isinf(mine[row]), torch.isinf(ref[0]))
+        torch.testing.assert_close(mine[row][~torch.isinf(mine[row])], ref[0][~torch.isinf(ref[0])])
+
+
+def test_a_seeded_request_draws_the_same_residual_codes_alone_and_in_a_batch(model):
+    from types import SimpleNamespace
+
+    talker = model.talker
+    predictor = CodePredictor(talker.config.code_predictor_config)
+    predictor.load_state_dict(talker.code_predictor.state_dict())
+    engine_model = SimpleNamespace(code_predictor=predictor)
+    settings = {**talker_prompt.RESIDUAL_SAMPLING, "seed": 7}
+    g = torch.Generator().manual_seed(9)
+    past = torch.randn(3, talker.config.text_config.hidden_size, generator=g)
+    first = talker.get_input_embeddings()(torch.tensor([3, 50, 90]))
+
+    def draw(rows, requests):
+        sampling = talker_engine.residual_sampling(requests, engine_model, "cpu")
+        return predictor.draw(past[rows], first[rows], sampling)
+
+    alone = [draw([0], [(talker_engine._Request(), settings)]) for _ in range(2)]
+    batch = draw([1, 0, 2], [(talker_engine._Request(), {**settings, "seed": 8}),
+                             (talker_engine._Request(), settings), (talker_engine._Request(), None)])
+    assert torch.equal(alone[0], alone[1]) and torch.equal(batch[1], alone[0][0])
+    assert torch.equal(batch[2], predictor.draw(past[2:], first[2:]).squeeze(0))
+    # sampled, not greedy: seed 7 draws other codes than the argmax
+    assert not torch.equal(alone[0], predictor.draw(past[:1], first[:1]))
 
 
 @pytest.fixture(scope="module")

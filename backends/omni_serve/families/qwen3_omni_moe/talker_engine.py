@@ -23,7 +23,10 @@ talker stage): prompt_len, text_ids (thinker ids, one per frame; the whole
 list in this version), pad_id, codes_file (an existing file in a
 hidden-states directory, see llm/hidden_states.make_directory), and
 optionally positions (3 lists, the prompt's M-RoPE positions) and delta
-(decode position q has q + delta) for a prompt with media.
+(decode position q has q + delta) for a prompt with media, and
+residual_sampling ({temperature, top_k, top_p, seed}) when the request samples:
+its residual codes are drawn from its own generator, frame after frame, so a
+seeded request gets the same codes alone or in any batch.
 """
 from __future__ import annotations
 
@@ -91,6 +94,18 @@ class _Request:
     def __init__(self):
         self.hidden = None  # the talker's hidden state at its last computed position
         self.codes: dict[int, np.ndarray] = {}  # frame -> its residual codes
+        self.generator = None  # its residual sampling's, drawn from frame by frame
+
+    def noise(self, settings: dict, shape: tuple[int, int]):
+        """Exp(1) draws of its next frame, from its own generator (seeded by `seed`)."""
+        import torch
+
+        if self.generator is None:
+            seed = settings.get("seed")
+            self.generator = torch.Generator()
+            self.generator.manual_seed(int(seed) if seed is not None
+                                       else int.from_bytes(os.urandom(8), "little") >> 1)
+        return torch.empty(shape).exponential_(generator=self.generator)
 
 
 class _StepFeed:
@@ -153,7 +168,7 @@ class _StepFeed:
         from omni_serve.families.qwen3_omni_moe.talker_model import TalkerStep
 
         model = self.runner.model
-        draw, draw_hidden, draw_text, plan = [], [], [], []
+        draw, draw_hidden, draw_text, plan, sampling = [], [], [], [], []
         known, known_codes, known_text = [], [], []
         positions = kwargs.get("positions")
         if positions is not None and positions.ndim == 2:
@@ -174,6 +189,7 @@ class _StepFeed:
                     draw_hidden.append(state.hidden)
                     draw_text.append(text_id(feed, frame))
                     plan.append((req_id, feed, frame))
+                    sampling.append((state, feed.get("residual_sampling")))
                 else:
                     raise RuntimeError(f"talker request {req_id}: frame {frame} has neither "
                                        "codes nor the previous step's hidden state")
@@ -196,7 +212,8 @@ class _StepFeed:
             text_ids=torch.tensor(draw_text + known_text, dtype=torch.long, device=device),
             known_rows=torch.tensor(known, dtype=torch.long, device=device) if known else None,
             known_codes=(torch.from_numpy(np.stack(known_codes)).long().to(device)
-                         if known else None))
+                         if known else None),
+            sampling=residual_sampling(sampling, model, device))
         return plan
 
     # after the forward
@@ -211,6 +228,27 @@ class _StepFeed:
         for (req_id, feed, frame), row in zip(plan, codes, strict=True):
             self.state[req_id].codes[frame] = row.astype(np.int64)
             write_codes(feed.get("codes_file"), frame, row)
+
+
+def residual_sampling(rows: list[tuple[_Request, dict | None]], model, device):
+    """The `ResidualSampling` of the step's drawn rows (None when all are greedy)."""
+    if not any(settings for _, settings in rows):
+        return None
+    import torch
+
+    from omni_serve.families.qwen3_omni_moe.talker_model import ResidualSampling
+
+    predictor = model.code_predictor
+    shape = (predictor.groups - 1, predictor.lm_head[0].out_features)
+    on = [bool(s) for _, s in rows]
+    cfg = [s or {} for _, s in rows]
+    noise = [state.noise(s, shape) if s else torch.ones(shape) for state, s in rows]
+    return ResidualSampling(
+        sampled=torch.tensor(on, device=device),
+        temperature=torch.tensor([float(c.get("temperature", 1.0)) for c in cfg], device=device),
+        top_k=torch.tensor([int(c.get("top_k", 0)) for c in cfg], device=device),
+        top_p=torch.tensor([float(c.get("top_p", 1.0)) for c in cfg], device=device),
+        noise=torch.stack(noise).to(device))
 
 
 def torch_int32():

@@ -25,7 +25,8 @@ again). After the forward, `residual_codes` holds the codes drawn for
 
 The code predictor is plain torch (it restarts every frame from 2 positions
 and never reads more than 16, so it keeps its own small KV cache instead of
-vLLM's paged one); greedy, as transformers' with `talker_do_sample=False`.
+vLLM's paged one); greedy, or sampled per row as transformers samples it when
+the talker samples (`ResidualSampling`).
 """
 from __future__ import annotations
 
@@ -66,6 +67,47 @@ class TalkerStep:
     text_ids: torch.Tensor  # [D + K] long
     known_rows: torch.Tensor | None = None  # [K] long
     known_codes: torch.Tensor | None = None  # [K, groups - 1] long
+    sampling: ResidualSampling | None = None  # None: every row greedy
+
+
+@dataclass
+class ResidualSampling:
+    """How each of the step's `rows` draws its residual codes (transformers' code predictor
+    samples, temperature then top-k then top-p, when the talker samples).
+
+    noise: Exp(1) draws, one per (row, group, code), made by the worker extension from each
+    request's own generator, so a request draws the same codes alone or in any batch.
+    """
+
+    sampled: torch.Tensor  # [D] bool; False: greedy
+    temperature: torch.Tensor  # [D] float
+    top_k: torch.Tensor  # [D] long; 0: no top-k
+    top_p: torch.Tensor  # [D] float
+    noise: torch.Tensor  # [D, groups - 1, vocab] float
+
+
+def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                  top_p: torch.Tensor) -> torch.Tensor:
+    """transformers' temperature, top-k and top-p warpers, with per-row settings ([B, V])."""
+    scores = logits / temperature[:, None]
+    vocab = scores.shape[-1]
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    kth = scores.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+    scores = scores.masked_fill(scores < kth, float("-inf"))
+    ascending, order = scores.sort(dim=-1)
+    remove = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)[:, None]
+    remove[:, -1] = False
+    return scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+
+
+def _pick(logits: torch.Tensor, group: int, sampling: ResidualSampling | None) -> torch.Tensor:
+    greedy = logits.argmax(-1)
+    if sampling is None or not bool(sampling.sampled.any()):
+        return greedy
+    probs = filter_logits(logits.float(), sampling.temperature, sampling.top_k,
+                          sampling.top_p).softmax(dim=-1)
+    drawn = (probs / sampling.noise[:, group]).argmax(-1)  # exponential race: a draw from probs
+    return torch.where(sampling.sampled, drawn, greedy)
 
 
 # --- the code predictor (plain torch) ---------------------------------------------------
@@ -185,14 +227,15 @@ class CodePredictor(nn.Module):
         return self.model.norm(x[:, -1])
 
     @torch.no_grad()
-    def draw(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor) -> torch.Tensor:
-        """Greedy codes 1..groups-1, [B, groups - 1], of B frames at once."""
+    def draw(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor,
+             sampling: ResidualSampling | None = None) -> torch.Tensor:
+        """Codes 1..groups-1, [B, groups - 1], of B frames at once (greedy unless `sampling`)."""
         caches = [[] for _ in self.model.layers]
         x = torch.stack([past_hidden, code0_embeds], dim=1)
         codes = []
         for k in range(self.groups - 1):
             h = self._step(x, 0 if k == 0 else k + 1, caches)
-            codes.append(self.lm_head[k](h).argmax(-1))
+            codes.append(_pick(self.lm_head[k](h), k, sampling))
             if k + 1 < self.groups - 1:
                 x = self.model.codec_embedding[k](codes[-1])[:, None]
         return torch.stack(codes, dim=1)
@@ -264,7 +307,7 @@ class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
     def frame_inputs(self, x: torch.Tensor, step: TalkerStep) -> torch.Tensor:
         """`x` with each decode row's code 0 embedding completed into its frame's input."""
         rows = step.rows.to(x.device)
-        drawn = self.code_predictor.draw(step.past_hidden.to(x), x[rows])
+        drawn = self.code_predictor.draw(step.past_hidden.to(x), x[rows], step.sampling)
         self.residual_codes = drawn
         all_rows, codes = rows, drawn
         if step.known_rows is not None and step.known_rows.numel():

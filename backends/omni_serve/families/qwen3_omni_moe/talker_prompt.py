@@ -35,6 +35,9 @@ CODEC_EMBED = "talker.model.codec_embedding.weight"
 DEFAULT_SAMPLING: dict[str, Any] = {
     "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096,
 }
+# transformers' code predictor when the talker samples (the talker's
+# prepare_inputs_for_generation): its own temperature 1, top-k 50, top-p 0.8
+RESIDUAL_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_k": 50, "top_p": 0.8}
 SUPPRESSED_TOP_IDS = 1024  # transformers never samples the top 1024 codec ids but codec eos
 
 
@@ -96,6 +99,13 @@ def trailing_text_ids(prompt_ids: list[int], reply_ids: list[int], config) -> li
     # entry j holds reply token j + 1: the marker goes right after the reply's first eos
     return [config.tts_pad_token_id if j > eos else config.tts_eos_token_id if j == eos else t
             for j, t in enumerate(ids)]
+
+
+def residual_sampling(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The code predictor's settings for a request sampled with `params` (None: greedy)."""
+    if float(params.get("temperature", 1.0)) == 0.0:
+        return None
+    return {**RESIDUAL_SAMPLING, "seed": params.get("seed")}
 
 
 def _weights_file(folder: Path, name: str) -> Path:
@@ -191,8 +201,9 @@ class TalkerPrompter:
         return torch.cat([*parts, text + codec])
 
     def prompt(self, prompt_ids: list[int], reply_ids: list[int], voice: str,
-               codes_file: str) -> tuple[dict, dict]:
-        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed)."""
+               codes_file: str, sampling: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed); `sampling`: the
+        request's sampling fields (`self.sampling`'s), for the code predictor's."""
         embeds = self.prompt_embeds(prompt_ids, reply_ids, voice)
         n = embeds.shape[0]
         prompt = {
@@ -204,6 +215,8 @@ class TalkerPrompter:
         }
         feed = {"prompt_len": n, "pad_id": self.config.tts_pad_token_id, "codes_file": codes_file,
                 "text_ids": trailing_text_ids(prompt_ids, reply_ids, self.config)}
+        if sampling is not None and (residual := residual_sampling(sampling)) is not None:
+            feed["residual_sampling"] = residual
         return prompt, {talker_engine.EXTRA_ARG: feed}
 
     def frames(self, code0: list[int], residual: np.ndarray) -> np.ndarray:
