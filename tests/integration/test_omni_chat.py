@@ -129,6 +129,36 @@ def test_the_reply_equals_qwen25_omni_in_transformers(url, reference, case):
     assert result.metrics["usage"]["completion_tokens"] == len(want)
 
 
+def test_vllm_backends_image_input_on_the_thinker_equals_transformers(url, reference):
+    """vllm_backend's `image` (base64 bytes) on the thinker's own `llm` model: vLLM's
+    Qwen2.5-Omni processor takes the raw image, and the greedy reply is transformers'."""
+    import base64
+
+    import tritonclient.grpc as grpcclient
+
+    from .llm_io import Stream, llm_inputs
+
+    image = png(300, 200, seed=2)  # the processor resizes it
+    question = "what do you see?"
+    want = _reference_ids(reference, question, image)
+    messages = [{"role": "system", "content": [{"type": "text", "text": reference["system"]}]},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    prompt = reference["processor"].apply_chat_template(messages, add_generation_prompt=True,
+                                                        tokenize=False)
+    inputs = llm_inputs(prompt, stream=False, sampling=GREEDY)
+    tensor = grpcclient.InferInput("image", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([base64.b64encode(image)], dtype=object))
+    s = Stream(url)
+    try:
+        s.send([*inputs, tensor])
+        result = s.collect()
+    finally:
+        s.close()
+    assert result.error is None, result.error
+    assert result.text == reference["processor"].tokenizer.decode(want, skip_special_tokens=True)
+    assert result.num_output_tokens == len(want)
+
+
 def test_the_media_matter(url):
     question = "what is in the picture?"
     replies = {run_omni(url, text=question, image=png(100, 80, seed=s), sampling=GREEDY).text

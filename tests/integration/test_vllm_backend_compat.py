@@ -7,7 +7,8 @@ server (servers.loaded): a vllm_backend model repository, written here as a vllm
 user writes it (a config.pbtxt that says only `backend: "omni_llm"` and the parameters
 REPORT_CUSTOM_METRICS and ENABLE_VLLM_HEALTH_CHECK, 1/model.json with enable_lora,
 1/multi_lora.json naming a tiny LoRA adapter built here), for its LoRA, metrics and
-health-check tests; the last of them kills that model's engine.
+health-check tests, and beside it the same checkpoint as a pooling model (model.json with
+runner "pooling") for embedding_request; the last test kills the first model's engine.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ GREEDY = {"temperature": "0", "top_p": "1", "max_tokens": str(MAX_TOKENS), "igno
 FLAGS = ("return_finish_reason", "return_cumulative_logprob", "return_logprobs",
          "return_num_input_tokens", "return_num_output_tokens")
 COMPAT = "vllm_model"  # the vllm_backend-style model this module loads
+EMBED = "vllm_embed"  # the same checkpoint as a pooling model, loaded beside it
 UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
 
 
@@ -289,13 +291,20 @@ def _vllm_backend_repository(root: Path) -> Path:
         "max_num_seqs": 8, "enable_lora": "true", "max_lora_rank": 8, "max_loras": 1}))
     (model / "1" / "multi_lora.json").write_text(json.dumps(
         {"doll": str(_tiny_lora(base, root / "loras" / "doll"))}))
+    embed = root / "repo" / EMBED  # vllm_backend's embedding model, as its docs write it
+    (embed / "1").mkdir(parents=True)
+    (embed / "config.pbtxt").write_text('backend: "omni_llm"\n'
+                                        'instance_group [ { count: 1, kind: KIND_MODEL } ]\n')
+    (embed / "1" / "model.json").write_text(json.dumps({
+        "model": base, "runner": "pooling", "convert": "embed", "enforce_eager": "true",
+        "dtype": "float32", "max_model_len": 512, "max_num_seqs": 4}))
     return root / "repo"
 
 
 @pytest.fixture(scope="module")
 def compat(text_chat_server, tmp_path_factory):
     repo = _vllm_backend_repository(tmp_path_factory.mktemp("vllm-backend-repo"))
-    with loaded(text_chat_server, repo, [COMPAT]) as server:
+    with loaded(text_chat_server, repo, [(COMPAT, EMBED)]) as server:
         yield server
 
 
@@ -334,6 +343,50 @@ def test_a_lora_adapter_chosen_per_request_changes_the_output(compat):
     ((_, error),) = infer(url, COMPAT, _inputs(PROMPT, stream=False,
                                                sampling={**GREEDY, "lora_name": "sheep"}))
     assert error.message() == "LoRA sheep is not supported, we currently support ['doll']"
+
+
+def _embedding_request(value) -> grpcclient.InferInput:
+    t = grpcclient.InferInput("embedding_request", [1], "BYTES")
+    t.set_data_from_numpy(np.array([json.dumps(value).encode()], dtype=object))
+    return t
+
+
+def _flag(name: str) -> grpcclient.InferInput:
+    t = grpcclient.InferInput(name, [1], "BOOL")
+    t.set_data_from_numpy(np.array([True]))
+    return t
+
+
+def test_an_embedding_request_is_transformers_last_token_embedding_as_json(compat):
+    """vllm_backend's embedding_request on a pooling model: text_output is the embedding as
+    a JSON list, for text or token ids; with convert "embed" vLLM pools a causal LM's last
+    token and normalises it, so it is transformers' last hidden state there, unit length."""
+    from transformers import AutoModel
+
+    base = ensure_model("qwen2-tiny")
+    text = "The capital of France is"
+    ids = AutoTokenizer.from_pretrained(base)(text).input_ids
+    with torch.no_grad():
+        hidden = AutoModel.from_pretrained(base, dtype=torch.float32)(
+            torch.tensor([ids])).last_hidden_state[0, -1]
+    want = torch.nn.functional.normalize(hidden, dim=0).numpy()
+    flags = [_flag("return_num_input_tokens"), _flag("return_num_output_tokens")]
+    for what in (text, ids):
+        ((result, error),) = infer(compat.grpc_url, EMBED, [_embedding_request({"input": what}),
+                                                            *flags])
+        assert error is None, error
+        got = np.array(json.loads(result.as_numpy("text_output")[0]), dtype=np.float32)
+        assert got.shape == want.shape and np.abs(got - want).max() < 1e-4
+        assert int(result.as_numpy("num_input_tokens")[0]) == len(ids)
+        assert int(result.as_numpy("num_output_tokens")[0]) == 0
+
+
+def test_each_task_a_model_cannot_serve_gets_vllm_backends_text(compat):
+    ((_, error),) = infer(compat.grpc_url, COMPAT, [_embedding_request({"input": "hi"})])
+    assert error.message() == f"Model {COMPAT} does not support 'embed' request"
+    ((_, error),) = infer(compat.grpc_url, EMBED, _inputs(PROMPT, stream=False, sampling=GREEDY))
+    assert error.message() == f"Model {EMBED} does not support 'generate' request"
+    assert error_code(error) == "INVALID_ARG"
 
 
 def _vllm_series(text: str, model: str) -> dict[str, float]:
