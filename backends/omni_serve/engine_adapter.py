@@ -164,6 +164,7 @@ class EngineStageModel(StageModel):
         self.model_version = str(args.get("model_version", "1"))
         engine_args, self.engine_args_dir = engine_args_file.read(args["model_repository"],
                                                                   self.model_version)
+        engine_args_file.check_instance_kind(engine_args, args.get("model_instance_kind", ""))
         self.vllm_health_check = config_flag(self.model_config, ENABLE_VLLM_HEALTH_CHECK)
         self._ids = itertools.count()
         self.stage = self.make_stage(engine_args, EngineMetrics(self.model_name))

@@ -195,3 +195,18 @@ def test_structured_outputs_may_come_json_encoded_as_vllm_backend_sends_them():
     assert as_string == as_object and as_object["structured_outputs"].choice == ["a", "b"]
     with pytest.raises(RequestError, match=r"^sampling_parameters.structured_outputs: a string"):
         sampling.coerce({"structured_outputs": "{"})
+
+
+@pytest.mark.parametrize(("args", "kind", "refused"), [
+    ({"tensor_parallel_size": 2}, "GPU", True), ({"pipeline_parallel_size": "2"}, "GPU", True),
+    ({"tensor_parallel_size": 2}, "MODEL", False), ({"tensor_parallel_size": 1}, "GPU", False),
+    ({}, "CPU", False),
+])
+def test_a_multi_gpu_engine_in_a_kind_gpu_instance_is_refused_with_vllm_backends_text(
+        args, kind, refused):
+    if refused:
+        with pytest.raises(ValueError, match="^KIND_GPU is currently for single-GPU models, "
+                                             "please specify KIND_MODEL"):
+            engine_args.check_instance_kind(args, kind)
+    else:
+        engine_args.check_instance_kind(args, kind)

@@ -67,3 +67,12 @@ def string_booleans(args: dict[str, Any], bool_fields: set[str] | None = None) -
                 raise ValueError(f"engine argument {key}: must be true or false, got {value!r}")
             out[key] = low in _TRUE
     return out
+
+
+def check_instance_kind(args: dict[str, Any], instance_kind: str) -> None:
+    """vllm_backend's refusal of a multi-GPU engine in a KIND_GPU instance (Triton places a
+    KIND_GPU instance on one device; KIND_MODEL leaves the devices to the engine)."""
+    parallel = int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+    if parallel > 1 and str(instance_kind).upper() == "GPU":
+        raise ValueError("KIND_GPU is currently for single-GPU models, please specify "
+                         "KIND_MODEL in the model's config.pbtxt for multi-GPU models")
