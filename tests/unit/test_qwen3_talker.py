@@ -225,3 +225,49 @@ def test_the_served_talker_draws_transformers_frames_for_a_batch_of_requests(
         for path in files:
             os.unlink(path)
         os.rmdir(directory)
+
+
+def test_a_talker_request_waits_for_the_thinkers_rows_and_then_draws_transformers_frames(
+        engine, model, prompter, references):
+    import tempfile
+
+    from vllm import SamplingParams
+
+    from omni_serve.llm import hidden_states
+
+    ref = references[0]
+    thinker_ids = torch.tensor(ref["prompt"] + ref["reply"][:-1])
+    with torch.no_grad():
+        embeds = model.thinker.get_input_embeddings()(thinker_ids).numpy()
+    rows = np.concatenate([embeds, np.zeros_like(embeds)], axis=1).astype(np.float32)
+    first_row = talker_prompt.assistant_start(ref["prompt"], model.config) + 4
+    ready = first_row + 4  # the text of frames 0..3 is there, frame 4's not yet
+    directory = tempfile.mkdtemp(prefix="omni_hs_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    thinker_file, codes_file = os.path.join(directory, "thinker"), os.path.join(directory, "codes")
+    rows[:ready].tofile(thinker_file)
+    open(codes_file, "wb").close()
+    prompt, extra = prompter.prompt(ref["prompt"], ref["reply"][:2], "ethan", codes_file=codes_file,
+                                    thinker_file=thinker_file)
+    params = SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
+                            extra_args=extra, detokenize=False)
+    core = engine.llm_engine
+    try:
+        core.add_request("streamed", prompt, params)
+        code0: list[int] = []
+        for _ in range(12):  # prefill + frames 0..3; then it waits, however long we step
+            for out in core.step():
+                code0 = list(out.outputs[0].token_ids)
+        assert len(code0) == 5 and len(talker_engine.read_codes(codes_file, GROUPS)) == 4
+        with open(thinker_file, "ab") as f:
+            rows[ready:].tofile(f)
+        hidden_states.write_final_rows(thinker_file, len(rows))
+        finished = False
+        while not finished:
+            for out in core.step():
+                code0, finished = list(out.outputs[0].token_ids), out.finished
+        frames = prompter.frames(code0, talker_engine.read_codes(codes_file, GROUPS))
+        np.testing.assert_array_equal(frames, ref["frames"])
+    finally:
+        hidden_states.remove_handed_over(thinker_file)
+        os.unlink(codes_file)
+        os.rmdir(directory)

@@ -1,53 +1,64 @@
 """The Qwen3-Omni talker engine's per-step feed and its residual-code side channel.
 
-Runs in the talker's vLLM worker (on CPU and with one GPU, inside the engine-core
-process). vLLM samples code 0 of each frame; the model
+Runs in the talker's vLLM engine-core process (on CPU and with one GPU, the
+worker runs there too). vLLM samples code 0 of each frame; the model
 (families/qwen3_omni_moe/talker_model.py) draws codes 1..15 of that frame in
-the next step's forward. `TalkerExtension` (the worker's `worker_extension_cls`,
-installed once with `collective_rpc(RPC)`) wraps the model runner so that,
-around every forward:
+the next step's forward. Two pieces feed it:
 
-- before: for each decode row (talker position q >= the prompt length: the
-  input id is code 0 of frame f = q - prompt_len) it hands the model a
-  `TalkerStep`: the request's talker hidden state of its previous step, and
-  the text id of frame f (reply token f + 1 of the thinker, then tts_eos,
-  then tts_pad for ever: transformers' `trailing_text_hidden`);
-- after: it keeps each request's last hidden state for its next step, and
-  writes the codes drawn for frame f, int32 [groups - 1], at offset f of the
-  request's codes file (before the step's sampled tokens leave the engine, so
-  the stage that sees code 0 of frame f + 1 finds frame f's residual codes).
-  A recomputed request (preempted) re-embeds the frames it drew before.
+- `TalkerScheduler` (the engine's `scheduler_cls`): a running request whose
+  next frame's text the thinker has not written yet is left out of the step
+  (it keeps its KV cache; the others in the batch go on).
+- `TalkerExtension` (the worker's `worker_extension_cls`, installed once with
+  `collective_rpc(RPC)`) wraps the model runner. Before each forward it hands
+  the model a `TalkerStep`: for each decode row (talker position q >= the
+  prompt length: its input id is code 0 of frame f = q - prompt_len) the
+  request's talker hidden state of its previous step and the thinker
+  embedding of frame f's text (transformers' `trailing_text_hidden`: the
+  assistant turn's tokens from its 5th on, the reply's last one left unfed,
+  then tts_eos, then tts_pad for ever). After the forward it keeps each
+  request's last hidden state and writes the codes drawn for frame f, int32
+  [groups - 1], at offset f of the request's codes file, before the step's
+  sampled tokens leave the engine: the stage that sees code 0 of frame f + 1
+  finds frame f's residual codes. A recomputed (preempted) request re-embeds
+  the frames it drew before.
 
 What a request carries (`SamplingParams.extra_args[EXTRA_ARG]`, set by the
-talker stage): prompt_len, text_ids (thinker ids, one per frame; the whole
-list in this version), pad_id, codes_file (an existing file in a
-hidden-states directory, see llm/hidden_states.make_directory), and
-optionally positions (3 lists, the prompt's M-RoPE positions) and delta
-(decode position q has q + delta) for a prompt with media, and
-residual_sampling ({temperature, top_k, top_p, seed}) when the request samples:
-its residual codes are drawn from its own generator, frame after frame, so a
-seeded request gets the same codes alone or in any batch.
+talker stage, families/qwen3_omni_moe/talker_prompt.py): prompt_len, pad_id,
+codes_file (an existing file in a hidden-states directory); the text as
+`text_ids` (the whole list) or streamed: `file` (the thinker's handed-over
+capture file, llm/hidden_states.py: rows [embedding | hidden], `<file>.rows`
+once it ends), width, first_row (the thinker row of frame 0's text) and
+eos_id; optionally positions (3 lists, the prompt's M-RoPE positions) and
+delta (decode position q has q + delta) for a prompt with media, and
+residual_sampling ({temperature, top_k, top_p, seed}) when the request
+samples: its residual codes are drawn from its own generator, frame after
+frame, so a seeded request gets the same codes alone or in any batch.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import time
 
 import numpy as np
+
+from omni_serve.llm.hidden_states import ended_rows, read_rows, rows_in
 
 log = logging.getLogger("vllm.omni_talker")
 
 EXTRA_ARG = "omni_talker_qwen3"
+SCHEDULER = "omni_serve.families.qwen3_omni_moe.talker_engine.TalkerScheduler"
 EXTENSION = "omni_serve.families.qwen3_omni_moe.talker_engine.TalkerExtension"
 RPC = "omni_install_qwen3_talker_feed"
 CODE_DTYPE = np.dtype(np.int32)
+IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
 # only files of a hidden-states directory (hidden_states.make_directory)
-_CODES_FILE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
+_SHM_FILE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
 
 
-def valid_codes_file(path: str) -> bool:
-    return isinstance(path, str) and bool(_CODES_FILE.match(path)) and ".." not in path
+def valid_shm_file(path: str) -> bool:
+    return isinstance(path, str) and bool(_SHM_FILE.match(path)) and ".." not in path
 
 
 def feed_of(request) -> dict | None:
@@ -57,9 +68,34 @@ def feed_of(request) -> dict | None:
     return feed if isinstance(feed, dict) else None
 
 
-def text_id(feed: dict, frame: int) -> int:
-    ids = feed["text_ids"]
-    return int(ids[frame]) if frame < len(ids) else int(feed["pad_id"])
+def text_of(feed: dict, frame: int) -> int | np.ndarray | None:
+    """Frame `frame`'s text: a thinker id, a thinker embedding row, or None (not there yet).
+
+    From `text_ids` (the whole list) or, streamed, from the thinker's capture file: row
+    `first_row + frame`'s embedding; the row just past the thinker's last is tts_eos, any
+    later one tts_pad (transformers' trailing_text_hidden, its last reply token unfed).
+    """
+    if "text_ids" in feed:
+        ids = feed["text_ids"]
+        return int(ids[frame]) if frame < len(ids) else int(feed["pad_id"])
+    row, path, width = feed["first_row"] + frame, feed["file"], feed["width"]
+    final = ended_rows(path)
+    if final is None or row < final:
+        data = read_rows(path, row, 1, width) if (rows_in(path, width) or 0) > row else None
+        if data is not None:
+            return data[0, : width // 2]
+        if final is None:
+            return None
+        final = -1  # removed as we read: its request is over, run out on pad
+    return int(feed["eos_id"]) if row == final else int(feed["pad_id"])
+
+
+def text_ready(feed: dict, position: int) -> bool:
+    """Can talker position `position` be computed now?"""
+    if position < feed["prompt_len"] or "text_ids" in feed:
+        return True
+    row, path = feed["first_row"] + position - feed["prompt_len"], feed["file"]
+    return (rows_in(path, feed["width"]) or 0) > row or ended_rows(path) is not None
 
 
 def read_codes(path: str, groups: int) -> np.ndarray:
@@ -68,6 +104,43 @@ def read_codes(path: str, groups: int) -> np.ndarray:
     width = groups - 1
     return data[: len(data) // width * width].reshape(-1, width)
 
+
+# --- the scheduler (engine-core process) -------------------------------------------------
+
+def _scheduler_base():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
+class TalkerScheduler(_scheduler_base()):
+    """vLLM's scheduler, minus the running requests whose next frame's text is not there yet
+    (they keep their KV cache and slot; the rest of the batch goes on)."""
+
+    def schedule(self, *args, **kwargs):
+        held = [r for r in self.running if (f := feed_of(r)) and not text_ready(
+            f, r.num_computed_tokens)]
+        if not held:
+            return super().schedule(*args, **kwargs)
+        ids = {id(r) for r in held}
+        order = list(self.running)
+        self.running = [r for r in order if id(r) not in ids]
+        saved = self.max_num_running_reqs, self.max_num_active_reqs
+        self.max_num_running_reqs -= len(held)
+        self.max_num_active_reqs -= len(held)
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_running_reqs, self.max_num_active_reqs = saved
+            admitted = [r for r in self.running if r not in order]
+            kept = [r for r in order if r in self.running or id(r) in ids]
+            self.running = kept + admitted
+        if out.total_num_scheduled_tokens == 0 and not self.waiting:
+            time.sleep(IDLE_SLEEP_S)  # all wait on the thinker: do not spin the core
+        return out
+
+
+# --- the worker extension (worker process) -----------------------------------------------
 
 class TalkerExtension:
     """Mixed into vLLM's Worker class (`worker_extension_cls`)."""
@@ -183,11 +256,11 @@ class _StepFeed:
                 if frame in state.codes:
                     known.append(first + k)
                     known_codes.append(state.codes[frame])
-                    known_text.append(text_id(feed, frame))
+                    known_text.append(text_of(feed, frame))
                 elif k == 0 and state.hidden is not None:
                     draw.append(first + k)
                     draw_hidden.append(state.hidden)
-                    draw_text.append(text_id(feed, frame))
+                    draw_text.append(text_of(feed, frame))
                     plan.append((req_id, feed, frame))
                     sampling.append((state, feed.get("residual_sampling")))
                 else:
@@ -209,7 +282,7 @@ class _StepFeed:
             rows=torch.tensor(draw, dtype=torch.long, device=device),
             past_hidden=(torch.stack(draw_hidden) if draw_hidden
                          else torch.zeros(0, width, device=device)),
-            text_ids=torch.tensor(draw_text + known_text, dtype=torch.long, device=device),
+            text_embeds=text_embeds(model, draw_text + known_text, device),
             known_rows=torch.tensor(known, dtype=torch.long, device=device) if known else None,
             known_codes=(torch.from_numpy(np.stack(known_codes)).long().to(device)
                          if known else None),
@@ -228,6 +301,24 @@ class _StepFeed:
         for (req_id, feed, frame), row in zip(plan, codes, strict=True):
             self.state[req_id].codes[frame] = row.astype(np.int64)
             write_codes(feed.get("codes_file"), frame, row)
+
+
+def text_embeds(model, texts: list, device):
+    """[rows, thinker hidden] of thinker ids (embedded here) and thinker embedding rows."""
+    import torch
+
+    out = torch.empty(len(texts), model.thinker_embed.embedding_dim, device=device,
+                      dtype=model.thinker_embed.weight.dtype)
+    where = [i for i, t in enumerate(texts) if isinstance(t, int)]
+    if where:
+        ids = torch.tensor([texts[i] for i in where], dtype=torch.long, device=device)
+        out[torch.tensor(where, device=device)] = model.thinker_embed(ids)
+    for i, t in enumerate(texts):
+        if t is None:
+            raise RuntimeError("a talker step ran before its frame's text arrived")
+        if not isinstance(t, int):
+            out[i] = torch.from_numpy(np.asarray(t)).to(out)
+    return out
 
 
 def residual_sampling(rows: list[tuple[_Request, dict | None]], model, device):
@@ -259,7 +350,7 @@ def torch_int32():
 
 def write_codes(path: str | None, frame: int, row: np.ndarray) -> None:
     """Frame `frame`'s residual codes at their offset of an existing codes file."""
-    if not valid_codes_file(path):
+    if not valid_shm_file(path):
         return
     try:
         fd = os.open(path, os.O_WRONLY)

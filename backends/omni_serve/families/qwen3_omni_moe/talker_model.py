@@ -9,7 +9,7 @@ the NEXT step's forward, batched over every decoding request:
     decode row of frame f (its input id: code 0 of frame f, embedded by vLLM)
       codes 1..15 of f = code predictor(talker's last hidden state of the
                          previous step, embedding of code 0)      # 15 batched AR steps
-      x = sum of the 16 code embeddings + text_projection(thinker_embed(text id))
+      x = sum of the 16 code embeddings + text_projection(thinker embedding of its text)
     h = the talker's MoE decoder (qk-norm, interleaved M-RoPE, experts + a
         shared expert behind a sigmoid gate) on x
     logits = codec_head(h)
@@ -57,14 +57,14 @@ class TalkerStep:
 
     rows / past_hidden: decode rows whose frame's residual codes are drawn now, and the
     talker's last hidden state of each one's previous step. known_rows / known_codes:
-    decode rows whose frame's codes were drawn before (a recomputed request). text_ids:
-    the thinker-vocabulary id of the text row of every decode row, `rows` first, then
-    `known_rows` (a reply token, then tts_eos, then tts_pad).
+    decode rows whose frame's codes were drawn before (a recomputed request). text_embeds:
+    the thinker input embedding of every decode row's text, `rows` first, then
+    `known_rows` (of a reply token, then of tts_eos, then of tts_pad).
     """
 
     rows: torch.Tensor  # [D] long
     past_hidden: torch.Tensor  # [D, hidden]
-    text_ids: torch.Tensor  # [D + K] long
+    text_embeds: torch.Tensor  # [D + K, thinker hidden]
     known_rows: torch.Tensor | None = None  # [K] long
     known_codes: torch.Tensor | None = None  # [K, groups - 1] long
     sampling: ResidualSampling | None = None  # None: every row greedy
@@ -313,7 +313,7 @@ class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
         if step.known_rows is not None and step.known_rows.numel():
             all_rows = torch.cat([rows, step.known_rows.to(x.device)])
             codes = torch.cat([drawn, step.known_codes.to(drawn)])
-        text = self.text_projection(self.thinker_embed(step.text_ids.to(x.device)))
+        text = self.text_projection(step.text_embeds.to(x))
         x = x.clone()
         x[all_rows] = x[all_rows] + self.code_predictor.embed(codes) + text.to(x.dtype)
         return x
@@ -324,7 +324,7 @@ class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
         x = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         step, self.omni_step = self.omni_step, None
         self.residual_codes = None
-        if step is not None and (step.rows.numel() or step.text_ids.numel()):
+        if step is not None and step.text_embeds.numel():
             x = self.frame_inputs(x, step)
         return self.model(None, positions, intermediate_tensors, x)
 

@@ -63,6 +63,8 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         # a cached block would skip the per-step inputs of another request
         "enable_prefix_caching": False,
         "async_scheduling": False,
+        # the scheduler holds back requests whose next frame's text is not there yet
+        "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
     }
 
@@ -200,10 +202,16 @@ class TalkerPrompter:
         parts = [self._text_rows(users)] if users else []
         return torch.cat([*parts, text + codec])
 
-    def prompt(self, prompt_ids: list[int], reply_ids: list[int], voice: str,
-               codes_file: str, sampling: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed); `sampling`: the
-        request's sampling fields (`self.sampling`'s), for the code predictor's."""
+    def prompt(self, prompt_ids: list[int], reply_ids: list[int], voice: str, codes_file: str,
+               sampling: dict[str, Any] | None = None,
+               thinker_file: str | None = None) -> tuple[dict, dict]:
+        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed).
+
+        `reply_ids`: the whole reply, or with `thinker_file` (the thinker's handed-over
+        capture file, still growing) its first 2 tokens or more: the decode steps then read
+        their text from the file's embedding rows as the thinker writes them. `sampling`:
+        the request's sampling fields (`self.sampling`'s), for the code predictor's.
+        """
         embeds = self.prompt_embeds(prompt_ids, reply_ids, voice)
         n = embeds.shape[0]
         prompt = {
@@ -213,8 +221,14 @@ class TalkerPrompter:
             "prompt_token_ids": [self.talker.codec_pad_id] * n,
             "prompt_is_token_ids": [False] * n,
         }
-        feed = {"prompt_len": n, "pad_id": self.config.tts_pad_token_id, "codes_file": codes_file,
-                "text_ids": trailing_text_ids(prompt_ids, reply_ids, self.config)}
+        cfg = self.config
+        feed: dict[str, Any] = {"prompt_len": n, "pad_id": cfg.tts_pad_token_id,
+                                "codes_file": codes_file}
+        if thinker_file is None:
+            feed["text_ids"] = trailing_text_ids(prompt_ids, reply_ids, cfg)
+        else:
+            feed.update(file=thinker_file, width=2 * self.talker.thinker_hidden_size,
+                        first_row=assistant_start(prompt_ids, cfg) + 4, eos_id=cfg.tts_eos_token_id)
         if sampling is not None and (residual := residual_sampling(sampling)) is not None:
             feed["residual_sampling"] = residual
         return prompt, {talker_engine.EXTRA_ARG: feed}
