@@ -179,6 +179,10 @@ def test_generate_is_repeatable_and_gives_1920_samples_a_frame(instruct: Path) -
     np.testing.assert_array_equal(codes, again[1])
     np.testing.assert_array_equal(wave, again[2])
     assert len(reply) >= 4  # a real reply: the talker reads text, not only <|im_end|>
+    tokenizer = qwen3_reference.load(str(instruct))[1].tokenizer
+    stops = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id}
+    assert all(i < len(tokenizer) and (i in stops or i not in tokenizer.all_special_ids)
+               for i in reply), reply  # text, as a trained thinker writes (quiet_non_text_rows)
     assert codes.dtype == np.int64 and codes.shape[1] == 16 and codes.shape[0] > 1
     assert codes.min() >= 0 and codes.max() < q3.TINY_CODEBOOK
     assert wave.dtype == np.float32 and float(wave.std()) > 1e-3

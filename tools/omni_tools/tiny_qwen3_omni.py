@@ -20,7 +20,8 @@ What flows through it: a seed in; a folder out that looks like a downloaded
   `chat_template.json`, `preprocessor_config.json` (Whisper features + the image/video
   processor settings, patch 16) and `generation_config.json` holding the talker's sampling
   defaults, as the hub's does.
-The thinker is drawn alone from `seed`, so both variants of one seed share its weights.
+The thinker is drawn alone from `seed`, so both variants of one seed share its weights; its
+head never writes the vocabulary's padding or a special token but the stops (quiet_non_text_rows).
 """
 
 from __future__ import annotations
@@ -375,6 +376,25 @@ def save_processor_files(out: Path, tokenizer: PreTrainedTokenizerBase) -> None:
 # --------------------------------------------------------------------------
 
 
+def quiet_non_text_rows(thinker: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Zero the thinker head's rows of ids a trained model never writes in a reply.
+
+    Those are the vocabulary's padding past the tokenizer and the special tokens (placeholders,
+    markers, tts and thinking tags) but <|im_end|> and <|endoftext|>. A random head would write
+    them (the padding decodes to nothing; a written <|image_pad|> counts as media to
+    transformers' talker). With zero rows their logit is 0 while the text tokens' spread around
+    it, so greedy and sampled replies keep to text and the stop tokens, as a trained one.
+    """
+    import torch
+
+    keep = {tokenizer.convert_tokens_to_ids(IM_END), special_ids(tokenizer)["pad_token_id"]}
+    mute = [i for i in range(thinker.config.text_config.vocab_size)
+            if i >= len(tokenizer) or (i in tokenizer.all_special_ids and i not in keep)]
+    mute += [tokenizer.convert_tokens_to_ids(t) for t in OTHER_SPECIAL_TOKENS]
+    with torch.no_grad():
+        thinker.lm_head.weight[sorted(set(mute))] = 0.0
+
+
 def build_qwen3_omni_checkpoint(out: Path, *, seed: int = DEFAULT_SEED, talker: bool = True) -> None:
     """Write a tiny `Qwen3OmniMoeForConditionalGeneration` checkpoint into `out`, in the hub layout.
 
@@ -391,6 +411,7 @@ def build_qwen3_omni_checkpoint(out: Path, *, seed: int = DEFAULT_SEED, talker: 
     config = tiny_omni_config(tokenizer, talker=talker)
     torch.manual_seed(seed)
     thinker = Qwen3OmniMoeThinkerForConditionalGeneration(config.thinker_config).eval()
+    quiet_non_text_rows(thinker, tokenizer)
     torch.manual_seed(seed + 11)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     model.thinker.load_state_dict(thinker.state_dict())
