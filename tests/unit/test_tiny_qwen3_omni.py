@@ -103,7 +103,7 @@ def test_thinking_folder_loads_without_a_talker(thinking: Path) -> None:
 
 
 def test_chat_template_renders_system_and_user_with_image_and_audio(instruct: Path) -> None:
-    from transformers import AutoProcessor
+    from transformers import AutoProcessor, AutoTokenizer
 
     processor = AutoProcessor.from_pretrained(instruct)
     messages = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
@@ -113,6 +113,8 @@ def test_chat_template_renders_system_and_user_with_image_and_audio(instruct: Pa
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
                     "<|vision_start|><|image_pad|><|vision_end|><|audio_start|><|audio_pad|><|audio_end|>"
                     "What is this?<|im_end|>\n<|im_start|>assistant\n")
+    tokenizer = AutoTokenizer.from_pretrained(instruct)  # the template is the tokenizer's too
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == text
     # The processor expands each placeholder to as many tokens as the towers return rows.
     image = Image.fromarray(np.zeros((64, 96, 3), dtype=np.uint8))
     audio = np.zeros(16000, dtype=np.float32)

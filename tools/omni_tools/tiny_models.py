@@ -224,7 +224,7 @@ def _build_qwen25_omni_05b_random(out: Path) -> None:
     tiny_omni.build_omni_checkpoint(out, token2wav_dir=out / "token2wav", thinker_shape="0.5b")
 
 
-@register("qwen3-omni-tiny", version=2,
+@register("qwen3-omni-tiny", version=3,
           description="Qwen3-Omni Instruct (MoE thinker, vision+AuT towers, MoE talker, Code2Wav), "
                       "hub layout")
 def _build_qwen3_omni_tiny(out: Path) -> None:
@@ -235,7 +235,7 @@ def _build_qwen3_omni_tiny(out: Path) -> None:
     tiny_qwen3_omni.build_qwen3_omni_checkpoint(out)
 
 
-@register("qwen3-omni-thinking-tiny", version=2,
+@register("qwen3-omni-thinking-tiny", version=3,
           description="Qwen3-Omni Thinking/Captioner layout: enable_audio_output false, thinker only")
 def _build_qwen3_omni_thinking_tiny(out: Path) -> None:
     """qwen3-omni-tiny's thinker (same weights) in a talker-less folder, as the hub ships the

@@ -350,11 +350,12 @@ def save_processor_files(out: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer.save_pretrained(out)
-    for stray in ("chat_template.jinja",):  # the hub keeps the template in chat_template.json
-        (out / stray).unlink(missing_ok=True)
+    # Qwen's hub folders keep the template in tokenizer_config.json (AutoTokenizer reads it) and
+    # in chat_template.json (the processor's), not in chat_template.jinja.
+    (out / "chat_template.jinja").unlink(missing_ok=True)
     config_path = out / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text())
-    tok_config.pop("chat_template", None)
+    tok_config["chat_template"] = QWEN3_OMNI_CHAT_TEMPLATE
     config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
     (out / "chat_template.json").write_text(
         json.dumps({"chat_template": QWEN3_OMNI_CHAT_TEMPLATE}, indent=2) + "\n")
