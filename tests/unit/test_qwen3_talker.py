@@ -42,40 +42,75 @@ def model(checkpoint):
         str(checkpoint), dtype=torch.float32).eval()
 
 
-def _generate(model, checkpoint: Path, text: str) -> dict:
-    """transformers' greedy run of one user turn: what its talker got and drew."""
-    from transformers import AutoTokenizer
+@pytest.fixture(scope="module")
+def processor(checkpoint):
+    from transformers import AutoProcessor
 
-    tok = AutoTokenizer.from_pretrained(str(checkpoint))
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], chat_template=QWEN3_OMNI_CHAT_TEMPLATE,
-                                  add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)["input_ids"]
+    return AutoProcessor.from_pretrained(str(checkpoint))
+
+
+def _inputs(processor, text: str, image=None, audio=None) -> dict:
+    parts = [{"type": "text", "text": text}]
+    if image is not None:
+        parts.insert(0, {"type": "image", "image": image})
+    if audio is not None:
+        parts.insert(0, {"type": "audio", "audio": audio})
+    prompt = processor.apply_chat_template([{"role": "user", "content": parts}],
+                                           chat_template=QWEN3_OMNI_CHAT_TEMPLATE,
+                                           add_generation_prompt=True, tokenize=False)
+    return dict(processor(text=prompt, images=None if image is None else [image],
+                          audio=None if audio is None else [audio], return_tensors="pt"))
+
+
+def _generate(model, inputs: dict) -> dict:
+    """transformers' greedy run of one user turn: what its talker got and drew."""
     seen: dict = {}
-    talker_generate = model.talker.generate
+    talker_generate, thinker_generate = model.talker.generate, model.thinker.generate
 
     def spy(**kwargs):
         seen.update(kwargs, result=talker_generate(**kwargs))
         return seen["result"]
 
-    model.talker.generate = spy
+    def thinker_spy(*args, **kwargs):
+        seen["thinker"] = thinker_generate(*args, **kwargs)
+        return seen["thinker"]
+
+    model.talker.generate, model.thinker.generate = spy, thinker_spy
     try:
-        sequences, _ = model.generate(ids, return_audio=True, thinker_do_sample=False,
+        sequences, _ = model.generate(**inputs, return_audio=True, thinker_do_sample=False,
                                       talker_do_sample=False, speaker="ethan",
                                       thinker_max_new_tokens=THINKER_TOKENS,
                                       talker_max_new_tokens=TALKER_FRAMES,
                                       thinker_eos_token_id=model.config.im_end_token_id)
     finally:
-        model.talker.generate = talker_generate
+        model.talker.generate, model.thinker.generate = talker_generate, thinker_generate
     result = seen["result"]
     frames = torch.stack([h[-1] for h in result.hidden_states if h[-1] is not None], dim=1)[0]
+    ids = inputs["input_ids"]
+    accept = model.config.talker_config.accept_hidden_layer
+    mask = inputs.get("feature_attention_mask")
     return {"prompt": ids[0].tolist(), "reply": sequences[0, ids.shape[1]:].tolist(),
             "prompt_embeds": seen["inputs_embeds"][0], "trailing": seen["trailing_text_hidden"][0],
-            "pad": seen["tts_pad_embed"][0, 0], "frames": frames.numpy()}
+            "pad": seen["tts_pad_embed"][0, 0], "frames": frames.numpy(),
+            "thinker_hidden": seen["thinker"].hidden_states[0][accept][0].numpy(),
+            "media": {"image_grid_thw": inputs.get("image_grid_thw"),
+                      "audio_feature_lengths": None if mask is None else mask.sum(1)}}
 
 
 @pytest.fixture(scope="module")
-def references(model, checkpoint) -> list[dict]:
-    return [_generate(model, checkpoint, text) for text in PROMPTS]
+def references(model, processor) -> list[dict]:
+    return [_generate(model, _inputs(processor, text)) for text in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def media_references(model, processor) -> list[dict]:
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    image = Image.fromarray((rng.rand(64, 64, 3) * 255).astype(np.uint8))
+    audio = (rng.randn(16000) * 0.1).astype(np.float32)
+    return [_generate(model, _inputs(processor, "what is in it", image=image)),
+            _generate(model, _inputs(processor, "what do you hear", audio=audio))]
 
 
 # --- the model's parts against transformers' modules --------------------------------------
@@ -163,6 +198,12 @@ def test_the_talker_prompt_is_transformers_talker_prompt(prompter, references):
         torch.testing.assert_close(embeds, ref["prompt_embeds"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_media_prompt_is_transformers_talker_prompt(prompter, media_references):
+    for ref in media_references:
+        embeds = prompter.prompt_embeds(ref["prompt"], ref["reply"], "ethan", ref["thinker_hidden"])
+        torch.testing.assert_close(embeds, ref["prompt_embeds"], rtol=1e-5, atol=1e-5)
+
+
 def test_the_decode_steps_text_ids_give_transformers_trailing_text_rows(model, references):
     projection = ResizeMLP(model.talker.config)
     projection.load_state_dict(model.talker.text_projection.state_dict())
@@ -220,6 +261,37 @@ def test_the_served_talker_draws_transformers_frames_for_a_batch_of_requests(
         for ref, out, path in zip(references, outputs, files, strict=True):
             frames = prompter.frames(list(out.outputs[0].token_ids), talker_engine.read_codes(path, GROUPS))
             assert frames.shape == ref["frames"].shape
+            np.testing.assert_array_equal(frames, ref["frames"])
+    finally:
+        for path in files:
+            os.unlink(path)
+        os.rmdir(directory)
+
+
+def test_the_served_talker_draws_transformers_frames_for_image_and_audio_prompts(
+        engine, prompter, media_references):
+    import tempfile
+
+    from vllm import SamplingParams
+
+    directory = tempfile.mkdtemp(prefix="omni_hs_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    prompts, params, files = [], [], []
+    for i, ref in enumerate(media_references):
+        path = os.path.join(directory, f"codes{i}")
+        open(path, "wb").close()
+        files.append(path)
+        prompt, extra = prompter.prompt(ref["prompt"], ref["reply"], "ethan", codes_file=path,
+                                        thinker_hidden=ref["thinker_hidden"], media=ref["media"])
+        assert "positions" in extra[talker_engine.EXTRA_ARG]
+        prompts.append(prompt)
+        params.append(SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
+                                     extra_args=extra, detokenize=False))
+    try:
+        # the image's 2 x 2 merged patches take 2 positions: decode positions run 2 behind
+        assert params[0].extra_args[talker_engine.EXTRA_ARG]["delta"] == -2
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        for ref, out, path in zip(media_references, outputs, files, strict=True):
+            frames = prompter.frames(list(out.outputs[0].token_ids), talker_engine.read_codes(path, GROUPS))
             np.testing.assert_array_equal(frames, ref["frames"])
     finally:
         for path in files:

@@ -6,7 +6,8 @@ prompt (`prompt_ids`, as its engine saw it) and its reply (`reply_ids`). `Talker
 builds the prefill as transformers' `Qwen3OmniMoeForConditionalGeneration.generate` does:
 
     user turns (every token from a user turn's <|im_start|> to the next one), in order:
-        text_projection(thinker embedding)             # media rows: not served yet
+        text rows:  text_projection(thinker input embedding)
+        media rows: hidden_projection(thinker hidden state after layer accept_hidden_layer)
     the assistant turn (A = its tokens, <|im_start|> on, then the reply but its last token):
         A[0..2]  text_projection(embed(A[i]))
         3..6     tts_pad row + codec nothink, think_bos, think_eos, the voice's speaker id
@@ -15,7 +16,9 @@ builds the prefill as transformers' `Qwen3OmniMoeForConditionalGeneration.genera
 
 and the decode steps' text ids (`trailing_text_ids`: A[4:], then tts_eos, then tts_pad for
 ever), which travel to the engine feed (families/qwen3_omni_moe/talker_engine.py) with the
-codes file the worker writes each frame's residual codes to.
+codes file the worker writes each frame's residual codes to, and, for a prompt with media,
+the talker's M-RoPE positions from transformers' own `get_rope_index` over the talker's
+ids (the user turns', then tts_pad for the assistant rows).
 """
 from __future__ import annotations
 
@@ -128,6 +131,32 @@ def _tensors(folder: Path, names: list[str]) -> dict:
     return out
 
 
+class _RopeIndex:
+    """transformers' Qwen3-Omni `get_rope_index`, bound to the talker config."""
+
+    def __init__(self, config):
+        from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
+
+        base = m.Qwen3OmniMoePreTrainedModelForConditionalGeneration
+        self.config = config
+        self.spatial_merge_size = config.spatial_merge_size
+        self._index = base.get_rope_index.__get__(self)
+        self.get_llm_pos_ids_for_vision = base.get_llm_pos_ids_for_vision.__get__(self)
+
+    def __call__(self, ids: list[int], media: dict[str, Any]) -> tuple[np.ndarray, int]:
+        import torch
+
+        def tensor(name):
+            value = media.get(name)
+            return None if value is None else torch.as_tensor(np.asarray(value))
+
+        input_ids = torch.tensor([ids])
+        pos, delta = self._index(input_ids, tensor("image_grid_thw"), tensor("video_grid_thw"),
+                                 torch.ones_like(input_ids), bool(media.get("use_audio_in_video")),
+                                 tensor("audio_feature_lengths"), tensor("video_second_per_grid"))
+        return pos[:, 0].numpy().astype(np.int64), int(delta.reshape(-1)[0])
+
+
 class TalkerPrompter:
     """The talker stage's Qwen3-Omni side: prompts, text ids and sampling; one per stage."""
 
@@ -150,17 +179,26 @@ class TalkerPrompter:
         self.config, self.talker = config, talker
         self.codec_groups = talker.num_code_groups
         self.vocab_size = talker.text_config.vocab_size
-        names = [f"talker.text_projection.{p}.{w}" for p in ("linear_fc1", "linear_fc2")
-                 for w in ("weight", "bias")]
-        weights = _tensors(self.folder, [THINKER_EMBED, CODEC_EMBED, *names])
-        self.projection = Qwen3OmniMoeTalkerResizeMLP(talker).eval()
-        self.projection.load_state_dict({n[len("talker.text_projection."):]: weights[n] for n in names})
+        names = {mlp: [f"talker.{mlp}.{p}.{w}" for p in ("linear_fc1", "linear_fc2")
+                       for w in ("weight", "bias")] for mlp in ("text_projection", "hidden_projection")}
+        weights = _tensors(self.folder, [THINKER_EMBED, CODEC_EMBED, *sum(names.values(), [])])
+        self.projection, self.hidden_projection = (
+            self._mlp(Qwen3OmniMoeTalkerResizeMLP(talker), weights, names[mlp])
+            for mlp in ("text_projection", "hidden_projection"))
         self.thinker_embed = torch.nn.Embedding.from_pretrained(weights[THINKER_EMBED])
         self.codec_embed = torch.nn.Embedding.from_pretrained(weights[CODEC_EMBED])
         self.stop_ids = [talker.codec_eos_token_id]
         top = self.vocab_size - SUPPRESSED_TOP_IDS
         self.allowed_ids = [i for i in range(self.vocab_size) if i < top or i in self.stop_ids]
         self.voices = {name.lower(): int(i) for name, i in (talker.speaker_id or {}).items()}
+        self.media_ids = {talker.audio_token_id, talker.image_token_id, talker.video_token_id}
+        self._rope = _RopeIndex(talker)
+
+    @staticmethod
+    def _mlp(module, weights: dict, names: list[str]):
+        prefix = names[0].rsplit(".", 2)[0] + "."
+        module.load_state_dict({n[len(prefix):]: weights[n] for n in names})
+        return module.eval()
 
     def sampling(self, requested: dict[str, Any], max_model_len: int | None = None) -> dict[str, Any]:
         """The request's sampling fields over the checkpoint's defaults (SamplingParams kwargs)."""
@@ -177,16 +215,22 @@ class TalkerPrompter:
         with torch.no_grad():
             return self.projection(self.thinker_embed(torch.tensor(ids, dtype=torch.long)))
 
-    def prompt_embeds(self, prompt_ids: list[int], reply_ids: list[int], voice: str):
-        """The talker's prefill rows, float32 [users + 9, hidden] (transformers' generate)."""
+    def prompt_embeds(self, prompt_ids: list[int], reply_ids: list[int], voice: str,
+                      thinker_hidden: np.ndarray | None = None):
+        """The talker's prefill rows, float32 [users + 9, hidden] (transformers' generate).
+
+        `thinker_hidden`: the thinker's hidden states after layer `accept_hidden_layer` at
+        the prompt's positions ([len(prompt_ids), thinker hidden]); read at media positions,
+        needed only when a user turn has media.
+        """
         import torch
 
         cfg, talker = self.config, self.talker
-        media = {talker.audio_token_id, talker.image_token_id, talker.video_token_id}
-        users = [prompt_ids[i] for i in user_positions(prompt_ids, cfg)]
-        if media & set(users):
+        users = user_positions(prompt_ids, cfg)
+        media = [i for i in users if prompt_ids[i] in self.media_ids]
+        if media and thinker_hidden is None:
             raise ValueError("a prompt with media needs the thinker's hidden states at "
-                             "accept_hidden_layer, which this talker does not read yet")
+                             f"layer {talker.accept_hidden_layer} (accept_hidden_layer)")
         turn = assistant_ids(prompt_ids, reply_ids, cfg)
         if len(turn) < 4:
             raise ValueError("the talker needs the assistant turn's first reply token")
@@ -199,20 +243,36 @@ class TalkerPrompter:
                      self.voices[voice.lower()], talker.codec_pad_id, talker.codec_bos_id]
         with torch.no_grad():
             codec = torch.cat([torch.zeros(3, text.shape[1]), self.codec_embed(torch.tensor(codec_ids))])
-        parts = [self._text_rows(users)] if users else []
-        return torch.cat([*parts, text + codec])
+            user_rows = self._text_rows([prompt_ids[i] for i in users])
+            if media:
+                hidden = torch.as_tensor(np.asarray(thinker_hidden, np.float32)[media])
+                where = torch.tensor([users.index(i) for i in media])
+                user_rows[where] = self.hidden_projection(hidden)
+        return torch.cat([user_rows, text + codec])
+
+    def positions(self, prompt_ids: list[int], media: dict[str, Any]) -> tuple[np.ndarray, int] | None:
+        """(the prompt's M-RoPE positions [3, users + 9], delta: decode position q has q + delta)
+        for a prompt with media (`media`: image_grid_thw, video_grid_thw, audio_feature_lengths,
+        use_audio_in_video, video_second_per_grid, as the processor made them); None for text."""
+        if not any(media.get(k) is not None for k in ("image_grid_thw", "video_grid_thw",
+                                                       "audio_feature_lengths")):
+            return None
+        users = [prompt_ids[i] for i in user_positions(prompt_ids, self.config)]
+        return self._rope(users + [self.config.tts_pad_token_id] * 9, media)
 
     def prompt(self, prompt_ids: list[int], reply_ids: list[int], voice: str, codes_file: str,
-               sampling: dict[str, Any] | None = None,
-               thinker_file: str | None = None) -> tuple[dict, dict]:
+               sampling: dict[str, Any] | None = None, thinker_file: str | None = None,
+               thinker_hidden: np.ndarray | None = None,
+               media: dict[str, Any] | None = None) -> tuple[dict, dict]:
         """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed).
 
         `reply_ids`: the whole reply, or with `thinker_file` (the thinker's handed-over
         capture file, still growing) its first 2 tokens or more: the decode steps then read
         their text from the file's embedding rows as the thinker writes them. `sampling`:
         the request's sampling fields (`self.sampling`'s), for the code predictor's.
+        `thinker_hidden`, `media`: a prompt with media's (`prompt_embeds`, `positions`).
         """
-        embeds = self.prompt_embeds(prompt_ids, reply_ids, voice)
+        embeds = self.prompt_embeds(prompt_ids, reply_ids, voice, thinker_hidden)
         n = embeds.shape[0]
         prompt = {
             "prompt_embeds": embeds,
@@ -231,6 +291,8 @@ class TalkerPrompter:
                         first_row=assistant_start(prompt_ids, cfg) + 4, eos_id=cfg.tts_eos_token_id)
         if sampling is not None and (residual := residual_sampling(sampling)) is not None:
             feed["residual_sampling"] = residual
+        if media and (rope := self.positions(prompt_ids, media)) is not None:
+            feed["positions"], feed["delta"] = rope[0].tolist(), rope[1]
         return prompt, {talker_engine.EXTRA_ARG: feed}
 
     def frames(self, code0: list[int], residual: np.ndarray) -> np.ndarray:
