@@ -169,7 +169,7 @@ def test_a_seeded_request_draws_the_same_residual_codes_alone_and_in_a_batch(mod
     predictor = CodePredictor(talker.config.code_predictor_config)
     predictor.load_state_dict(talker.code_predictor.state_dict())
     engine_model = SimpleNamespace(code_predictor=predictor)
-    settings = {**talker_prompt.RESIDUAL_SAMPLING, "seed": 7}
+    settings = {**talker_engine.RESIDUAL_SAMPLING, "seed": 7}
     g = torch.Generator().manual_seed(9)
     past = torch.randn(3, talker.config.text_config.hidden_size, generator=g)
     first = talker.get_input_embeddings()(torch.tensor([3, 50, 90]))
@@ -185,6 +185,14 @@ def test_a_seeded_request_draws_the_same_residual_codes_alone_and_in_a_batch(mod
     assert torch.equal(batch[2], predictor.draw(past[2:], first[2:]).squeeze(0))
     # sampled, not greedy: seed 7 draws other codes than the argmax
     assert not torch.equal(alone[0], predictor.draw(past[:1], first[:1]))
+
+
+def test_a_sampled_request_draws_its_residual_codes_as_transformers_code_predictor_samples():
+    from vllm import SamplingParams
+
+    sampled = talker_engine.residual_settings({}, SamplingParams(temperature=0.9, seed=4))
+    assert sampled == {"temperature": 1.0, "top_k": 50, "top_p": 0.8, "seed": 4}
+    assert talker_engine.residual_settings({}, SamplingParams(temperature=0.0)) is None
 
 
 @pytest.fixture(scope="module")
@@ -252,14 +260,14 @@ def test_the_served_talker_draws_transformers_frames_for_a_batch_of_requests(
         path = os.path.join(directory, f"codes{i}")
         open(path, "wb").close()
         files.append(path)
-        prompt, extra = prompter.prompt(ref["prompt"], ref["reply"], "ethan", codes_file=path)
+        prompt, extra = prompter.build(ref["prompt"], ref["reply"], "ethan", codes_file=path)
         prompts.append(prompt)
         params.append(SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
                                      extra_args=extra, detokenize=False))
     try:
         outputs = engine.generate(prompts, params, use_tqdm=False)
         for ref, out, path in zip(references, outputs, files, strict=True):
-            frames = prompter.frames(list(out.outputs[0].token_ids), talker_engine.read_codes(path, GROUPS))
+            frames = talker_prompt.FrameStream(path, GROUPS).push(list(out.outputs[0].token_ids))
             assert frames.shape == ref["frames"].shape
             np.testing.assert_array_equal(frames, ref["frames"])
     finally:
@@ -268,34 +276,59 @@ def test_the_served_talker_draws_transformers_frames_for_a_batch_of_requests(
         os.rmdir(directory)
 
 
+def _handed_over(directory: str, name: str, model, ref: dict) -> str:
+    """The thinker's capture file as a thinker stage hands it over, complete: rows
+    [input embedding | hidden after accept_hidden_layer] of the prompt and the fed reply."""
+    ids = torch.tensor(ref["prompt"] + ref["reply"][:-1])
+    with torch.no_grad():
+        embeds = model.thinker.get_input_embeddings()(ids).numpy()
+    hidden = np.zeros_like(embeds)
+    hidden[:len(ref["prompt"])] = ref["thinker_hidden"]  # the talker reads the prompt's only
+    path = os.path.join(directory, name)
+    np.concatenate([embeds, hidden], axis=1).astype(np.float32).tofile(path)
+    return path
+
+
 def test_the_served_talker_draws_transformers_frames_for_image_and_audio_prompts(
-        engine, prompter, media_references):
+        engine, model, prompter, media_references):
+    import asyncio
     import tempfile
 
     from vllm import SamplingParams
 
+    from omni_serve.llm import hidden_states
+    from omni_serve.talker.request import TalkerInput
+
     directory = tempfile.mkdtemp(prefix="omni_hs_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    prompts, params, files = [], [], []
-    for i, ref in enumerate(media_references):
-        path = os.path.join(directory, f"codes{i}")
-        open(path, "wb").close()
-        files.append(path)
-        prompt, extra = prompter.prompt(ref["prompt"], ref["reply"], "ethan", codes_file=path,
-                                        thinker_hidden=ref["thinker_hidden"], media=ref["media"])
-        assert "positions" in extra[talker_engine.EXTRA_ARG]
-        prompts.append(prompt)
-        params.append(SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
-                                     extra_args=extra, detokenize=False))
+    prompts, params, streams, sources = [], [], [], []
     try:
+        for i, ref in enumerate(media_references):
+            source = _handed_over(directory, f"thinker{i}", model, ref)
+            sources.append(source)
+            hidden_states.write_final_rows(source, len(ref["prompt"]) + len(ref["reply"]) - 1)
+            media = ref["media"]
+            req = TalkerInput(source=source, prompt_token_ids=tuple(ref["prompt"]), voice="Ethan",
+                              image_grid_thw=None if media["image_grid_thw"] is None
+                              else media["image_grid_thw"].numpy(),
+                              audio_feature_lengths=None if media["audio_feature_lengths"] is None
+                              else media["audio_feature_lengths"].numpy())
+            prompt, extra = asyncio.run(prompter.prompt(req, timeout_s=5.0))
+            torch.testing.assert_close(prompt["prompt_embeds"], ref["prompt_embeds"], rtol=1e-5, atol=1e-5)
+            streams.append(prompter.frame_stream(extra))
+            prompts.append(prompt)
+            params.append(SamplingParams(**prompter.sampling({"temperature": 0.0,
+                                                              "max_tokens": TALKER_FRAMES}),
+                                         extra_args=extra, detokenize=False))
         # the image's 2 x 2 merged patches take 2 positions: decode positions run 2 behind
         assert params[0].extra_args[talker_engine.EXTRA_ARG]["delta"] == -2
         outputs = engine.generate(prompts, params, use_tqdm=False)
-        for ref, out, path in zip(media_references, outputs, files, strict=True):
-            frames = prompter.frames(list(out.outputs[0].token_ids), talker_engine.read_codes(path, GROUPS))
-            np.testing.assert_array_equal(frames, ref["frames"])
+        for ref, out, stream in zip(media_references, outputs, streams, strict=True):
+            np.testing.assert_array_equal(stream.push(list(out.outputs[0].token_ids)), ref["frames"])
     finally:
-        for path in files:
-            os.unlink(path)
+        for stream in streams:
+            stream.close()
+        for source in sources:
+            hidden_states.remove_handed_over(source)
         os.rmdir(directory)
 
 
@@ -318,8 +351,9 @@ def test_a_talker_request_waits_for_the_thinkers_rows_and_then_draws_transformer
     thinker_file, codes_file = os.path.join(directory, "thinker"), os.path.join(directory, "codes")
     rows[:ready].tofile(thinker_file)
     open(codes_file, "wb").close()
-    prompt, extra = prompter.prompt(ref["prompt"], ref["reply"][:2], "ethan", codes_file=codes_file,
-                                    thinker_file=thinker_file)
+    prompt, extra = prompter.build(ref["prompt"], ref["reply"][:2], "ethan", codes_file=codes_file,
+                                   thinker_file=thinker_file)
+    stream = talker_prompt.FrameStream(codes_file, GROUPS)
     params = SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
                             extra_args=extra, detokenize=False)
     core = engine.llm_engine
@@ -329,7 +363,9 @@ def test_a_talker_request_waits_for_the_thinkers_rows_and_then_draws_transformer
         for _ in range(12):  # prefill + frames 0..3; then it waits, however long we step
             for out in core.step():
                 code0 = list(out.outputs[0].token_ids)
-        assert len(code0) == 5 and len(talker_engine.read_codes(codes_file, GROUPS)) == 4
+        assert len(code0) == 5
+        early = stream.push(code0)  # frames 0..3, complete before the thinker goes on
+        np.testing.assert_array_equal(early, ref["frames"][:4])
         with open(thinker_file, "ab") as f:
             rows[ready:].tofile(f)
         hidden_states.write_final_rows(thinker_file, len(rows))
@@ -337,9 +373,8 @@ def test_a_talker_request_waits_for_the_thinkers_rows_and_then_draws_transformer
         while not finished:
             for out in core.step():
                 code0, finished = list(out.outputs[0].token_ids), out.finished
-        frames = prompter.frames(code0, talker_engine.read_codes(codes_file, GROUPS))
-        np.testing.assert_array_equal(frames, ref["frames"])
+        np.testing.assert_array_equal(np.concatenate([early, stream.push(code0[5:])]), ref["frames"])
     finally:
         hidden_states.remove_handed_over(thinker_file)
-        os.unlink(codes_file)
+        stream.close()
         os.rmdir(directory)

@@ -30,9 +30,11 @@ capture file, llm/hidden_states.py: rows [embedding | hidden], `<file>.rows`
 once it ends), width, first_row (the thinker row of frame 0's text) and
 eos_id; optionally positions (3 lists, the prompt's M-RoPE positions) and
 delta (decode position q has q + delta) for a prompt with media, and
-residual_sampling ({temperature, top_k, top_p, seed}) when the request
-samples: its residual codes are drawn from its own generator, frame after
-frame, so a seeded request gets the same codes alone or in any batch.
+residual_sampling ({temperature, top_k, top_p, seed}, or None: greedy) over
+what its SamplingParams imply (transformers' code predictor settings when it
+samples, seeded by its seed). Its residual codes are drawn from its own
+generator, frame after frame, so a seeded request gets the same codes alone or
+in any batch.
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ SCHEDULER = "omni_serve.families.qwen3_omni_moe.talker_engine.TalkerScheduler"
 EXTENSION = "omni_serve.families.qwen3_omni_moe.talker_engine.TalkerExtension"
 RPC = "omni_install_qwen3_talker_feed"
 CODE_DTYPE = np.dtype(np.int32)
+# transformers' code predictor when the talker samples (the talker's
+# prepare_inputs_for_generation): its own temperature 1, top-k 50, top-p 0.8
+RESIDUAL_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 0.8}
 IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
 # only files of a hidden-states directory (hidden_states.make_directory)
 _SHM_FILE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
@@ -66,6 +71,16 @@ def feed_of(request) -> dict | None:
     extra = getattr(params, "extra_args", None) or {}
     feed = extra.get(EXTRA_ARG)
     return feed if isinstance(feed, dict) else None
+
+
+def residual_settings(feed: dict, params) -> dict | None:
+    """How a request draws its residual codes: the feed's `residual_sampling` if set, else
+    transformers' code predictor settings when the request samples (seeded by its seed)."""
+    if "residual_sampling" in feed:
+        return feed["residual_sampling"]
+    if params is None or getattr(params, "temperature", 0.0) < 1e-5:  # vLLM's greedy
+        return None
+    return {**RESIDUAL_SAMPLING, "seed": getattr(params, "seed", None)}
 
 
 def text_of(feed: dict, frame: int) -> int | np.ndarray | None:
@@ -262,7 +277,8 @@ class _StepFeed:
                     draw_hidden.append(state.hidden)
                     draw_text.append(text_of(feed, frame))
                     plan.append((req_id, feed, frame))
-                    sampling.append((state, feed.get("residual_sampling")))
+                    params = getattr(self.runner.requests.get(req_id), "sampling_params", None)
+                    sampling.append((state, residual_settings(feed, params)))
                 else:
                     raise RuntimeError(f"talker request {req_id}: frame {frame} has neither "
                                        "codes nor the previous step's hidden state")

@@ -22,13 +22,22 @@ ids (the user turns', then tts_pad for the assistant rows).
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import secrets
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from omni_serve.contract import TALKER
+from omni_serve.errors import RequestError
 from omni_serve.families.qwen3_omni_moe import talker_engine
+from omni_serve.llm import hidden_states
+from omni_serve.talker.request import TalkerInput
 
 ARCHITECTURE = "Qwen3OmniTalkerForConditionalGeneration"  # what the vLLM registry knows it by
 MODEL_CLASS = "omni_serve.families.qwen3_omni_moe.talker_model:Qwen3OmniTalker"
@@ -38,9 +47,6 @@ CODEC_EMBED = "talker.model.codec_embedding.weight"
 DEFAULT_SAMPLING: dict[str, Any] = {
     "temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": 4096,
 }
-# transformers' code predictor when the talker samples (the talker's
-# prepare_inputs_for_generation): its own temperature 1, top-k 50, top-p 0.8
-RESIDUAL_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_k": 50, "top_p": 0.8}
 SUPPRESSED_TOP_IDS = 1024  # transformers never samples the top 1024 codec ids but codec eos
 
 
@@ -106,13 +112,6 @@ def trailing_text_ids(prompt_ids: list[int], reply_ids: list[int], config) -> li
             for j, t in enumerate(ids)]
 
 
-def residual_sampling(params: dict[str, Any]) -> dict[str, Any] | None:
-    """The code predictor's settings for a request sampled with `params` (None: greedy)."""
-    if float(params.get("temperature", 1.0)) == 0.0:
-        return None
-    return {**RESIDUAL_SAMPLING, "seed": params.get("seed")}
-
-
 def _weights_file(folder: Path, name: str) -> Path:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -164,7 +163,7 @@ class TalkerPrompter:
     reserved_extra_args = (talker_engine.EXTRA_ARG,)
     engine_args = staticmethod(engine_args)
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, stage: str = "talker"):
         import torch
         from transformers import AutoConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -172,6 +171,8 @@ class TalkerPrompter:
         )
 
         self.folder = Path(folder)
+        self.stage = stage
+        self._codes_dir: str | None = None
         config = AutoConfig.from_pretrained(self.folder)
         talker = getattr(config, "talker_config", None)
         if talker is None or not getattr(config, "enable_audio_output", True):
@@ -193,6 +194,11 @@ class TalkerPrompter:
         self.voices = {name.lower(): int(i) for name, i in (talker.speaker_id or {}).items()}
         self.media_ids = {talker.audio_token_id, talker.image_token_id, talker.video_token_id}
         self._rope = _RopeIndex(talker)
+
+    @staticmethod
+    async def check(engine) -> list[str]:
+        """Why the started engine cannot run this talker (its workers' feed install)."""
+        return [r for r in await engine.collective_rpc(talker_engine.RPC) if r]
 
     @staticmethod
     def _mlp(module, weights: dict, names: list[str]):
@@ -225,29 +231,42 @@ class TalkerPrompter:
         """
         import torch
 
-        cfg, talker = self.config, self.talker
-        users = user_positions(prompt_ids, cfg)
-        media = [i for i in users if prompt_ids[i] in self.media_ids]
-        if media and thinker_hidden is None:
-            raise ValueError("a prompt with media needs the thinker's hidden states at "
-                             f"layer {talker.accept_hidden_layer} (accept_hidden_layer)")
-        turn = assistant_ids(prompt_ids, reply_ids, cfg)
+        turn = assistant_ids(prompt_ids, reply_ids, self.config)
         if len(turn) < 4:
             raise ValueError("the talker needs the assistant turn's first reply token")
+        ids = list(prompt_ids[:assistant_start(prompt_ids, self.config)]) + turn[:4]
+        with torch.no_grad():
+            embeds = self.thinker_embed(torch.tensor(ids, dtype=torch.long)).numpy()
+        return self.prompt_from_rows(prompt_ids, embeds, thinker_hidden, voice)
+
+    def prompt_from_rows(self, prompt_ids: list[int], embeds: np.ndarray,
+                         hidden: np.ndarray | None, voice: str):
+        """The prefill rows from the thinker's rows 0 .. start+3 (start: the assistant turn's
+        <|im_start|>, row start+3: reply token 0): its input embeddings, and its hidden
+        states after `accept_hidden_layer` (read at media positions only)."""
+        import torch
+
+        cfg, talker = self.config, self.talker
+        start = assistant_start(prompt_ids, cfg)
+        users = user_positions(prompt_ids, cfg)
+        media = [i for i in users if prompt_ids[i] in self.media_ids]
+        if media and hidden is None:
+            raise ValueError("a prompt with media needs the thinker's hidden states at "
+                             f"layer {talker.accept_hidden_layer} (accept_hidden_layer)")
         if voice.lower() not in self.voices:
             raise ValueError(f"unknown voice {voice!r}; known voices: {', '.join(sorted(self.voices))}")
         pad, bos = self._text_rows([cfg.tts_pad_token_id, cfg.tts_bos_token_id])
-        head = self._text_rows(turn[:4])
-        text = torch.cat([head[:3], pad.expand(4, -1), bos[None], head[3:4]])
         codec_ids = [talker.codec_nothink_id, talker.codec_think_bos_id, talker.codec_think_eos_id,
                      self.voices[voice.lower()], talker.codec_pad_id, talker.codec_bos_id]
         with torch.no_grad():
+            head = self.projection(torch.as_tensor(np.asarray(embeds[start:start + 4], np.float32)))
+            text = torch.cat([head[:3], pad.expand(4, -1), bos[None], head[3:4]])
             codec = torch.cat([torch.zeros(3, text.shape[1]), self.codec_embed(torch.tensor(codec_ids))])
-            user_rows = self._text_rows([prompt_ids[i] for i in users])
+            user_rows = self.projection(torch.as_tensor(np.asarray(embeds, np.float32)[users]))
             if media:
-                hidden = torch.as_tensor(np.asarray(thinker_hidden, np.float32)[media])
+                rows = torch.as_tensor(np.asarray(hidden, np.float32)[media])
                 where = torch.tensor([users.index(i) for i in media])
-                user_rows[where] = self.hidden_projection(hidden)
+                user_rows[where] = self.hidden_projection(rows)
         return torch.cat([user_rows, text + codec])
 
     def positions(self, prompt_ids: list[int], media: dict[str, Any]) -> tuple[np.ndarray, int] | None:
@@ -260,19 +279,26 @@ class TalkerPrompter:
         users = [prompt_ids[i] for i in user_positions(prompt_ids, self.config)]
         return self._rope(users + [self.config.tts_pad_token_id] * 9, media)
 
-    def prompt(self, prompt_ids: list[int], reply_ids: list[int], voice: str, codes_file: str,
-               sampling: dict[str, Any] | None = None, thinker_file: str | None = None,
-               thinker_hidden: np.ndarray | None = None,
-               media: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed).
+    def build(self, prompt_ids: list[int], reply_ids: list[int], voice: str, codes_file: str,
+              thinker_file: str | None = None,
+              thinker_hidden: np.ndarray | None = None,
+              media: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        """(vLLM EmbedsPrompt, SamplingParams.extra_args: the engine feed) from token ids.
 
         `reply_ids`: the whole reply, or with `thinker_file` (the thinker's handed-over
         capture file, still growing) its first 2 tokens or more: the decode steps then read
-        their text from the file's embedding rows as the thinker writes them. `sampling`:
-        the request's sampling fields (`self.sampling`'s), for the code predictor's.
+        their text from the file's embedding rows as the thinker writes them.
         `thinker_hidden`, `media`: a prompt with media's (`prompt_embeds`, `positions`).
         """
         embeds = self.prompt_embeds(prompt_ids, reply_ids, voice, thinker_hidden)
+        prompt, extra = self._engine_prompt(embeds, prompt_ids, codes_file, thinker_file, media)
+        if thinker_file is None:
+            extra[talker_engine.EXTRA_ARG]["text_ids"] = trailing_text_ids(
+                prompt_ids, reply_ids, self.config)
+        return prompt, extra
+
+    def _engine_prompt(self, embeds, prompt_ids: list[int], codes_file: str,
+                       thinker_file: str | None, media: dict[str, Any] | None) -> tuple[dict, dict]:
         n = embeds.shape[0]
         prompt = {
             "prompt_embeds": embeds,
@@ -284,19 +310,115 @@ class TalkerPrompter:
         cfg = self.config
         feed: dict[str, Any] = {"prompt_len": n, "pad_id": cfg.tts_pad_token_id,
                                 "codes_file": codes_file}
-        if thinker_file is None:
-            feed["text_ids"] = trailing_text_ids(prompt_ids, reply_ids, cfg)
-        else:
+        if thinker_file is not None:
             feed.update(file=thinker_file, width=2 * self.talker.thinker_hidden_size,
                         first_row=assistant_start(prompt_ids, cfg) + 4, eos_id=cfg.tts_eos_token_id)
-        if sampling is not None and (residual := residual_sampling(sampling)) is not None:
-            feed["residual_sampling"] = residual
         if media and (rope := self.positions(prompt_ids, media)) is not None:
             feed["positions"], feed["delta"] = rope[0].tolist(), rope[1]
         return prompt, {talker_engine.EXTRA_ARG: feed}
 
-    def frames(self, code0: list[int], residual: np.ndarray) -> np.ndarray:
-        """[frames, groups] int64: each frame whose residual codes the engine wrote."""
-        n = min(len(code0), len(residual))
-        return np.concatenate([np.asarray(code0[:n], np.int64)[:, None],
-                               residual[:n].astype(np.int64)], axis=1)
+    # --- the talker stage's side (talker/stage.py: TalkerSide) -----------------------
+
+    def voice(self, name: str | None) -> str:
+        name = (name or DEFAULT_VOICE).lower()
+        if name not in self.voices:
+            raise RequestError(TALKER.VOICE, f"unknown voice {name!r}; known voices: "
+                                             f"{', '.join(sorted(self.voices))}")
+        return name
+
+    async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
+        """(vLLM EmbedsPrompt, SamplingParams.extra_args) of a talker request on the thinker's
+        handed-over capture file (rows [input embedding | hidden after accept_hidden_layer]):
+        waits for reply token 0's row, and reads the decode steps' text from the file as
+        the thinker writes it. The codes file it names is the caller's to remove
+        (`FrameStream.close`)."""
+        voice = self.voice(req.voice)
+        if not talker_engine.valid_shm_file(req.source):
+            raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
+                               "must be a hidden-state file a thinker stage on this host handed "
+                               f"over (hidden_states_in_shm), got {req.source!r}")
+        ids = list(req.prompt_token_ids)
+        try:
+            start = assistant_start(ids, self.config)
+        except ValueError as e:
+            raise RequestError(TALKER.PROMPT_TOKEN_IDS, str(e)) from None
+        width = 2 * self.talker.thinker_hidden_size
+        rows = await _wait_rows(req.source, start + 4, width, timeout_s)
+        embeds, hidden = hidden_states.split_rows(rows)
+        media = {"image_grid_thw": req.image_grid_thw,
+                 "audio_feature_lengths": req.audio_feature_lengths}
+        codes_file = self._new_codes_file()
+        embeds_ = self.prompt_from_rows(ids, embeds, hidden, voice)
+        return self._engine_prompt(embeds_, ids, codes_file, req.source, media)
+
+    def _new_codes_file(self) -> str:
+        if self._codes_dir is None or not os.path.isdir(self._codes_dir):
+            base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self._codes_dir = tempfile.mkdtemp(prefix="omni_hs_talker_", dir=base)
+        path = os.path.join(self._codes_dir, secrets.token_hex(12))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return path
+
+    def frame_stream(self, extra_args: dict) -> FrameStream:
+        """The frames of the request whose engine feed is `extra_args[EXTRA_ARG]`."""
+        return FrameStream(extra_args[talker_engine.EXTRA_ARG]["codes_file"], self.codec_groups)
+
+
+DEFAULT_VOICE = "ethan"  # transformers' generate(speaker="Ethan")
+
+
+class FrameStream:
+    """One talker request's frames, [n, groups] int64, as they complete (talker stage).
+
+    Code 0 of each frame comes with the engine's outputs; codes 1..groups-1 of frame f
+    are in the codes file before code 0 of frame f + 1 comes out. The last code 0 never
+    gets its residual codes (the talker's eos, or the one cut by max_tokens: transformers
+    drops it too), so a frame is complete once the next code 0 is there.
+    """
+
+    def __init__(self, path: str, groups: int):
+        self.path, self.groups = path, groups
+        self.code0: list[int] = []
+        self.sent = 0
+
+    def push(self, new_ids: list[int]) -> np.ndarray:
+        """The frames completed by these new code 0s."""
+        self.code0 += [int(i) for i in new_ids]
+        done = max(len(self.code0) - 1, 0)
+        if done <= self.sent:
+            return np.zeros((0, self.groups), np.int64)
+        residual = talker_engine.read_codes(self.path, self.groups)
+        if len(residual) < done:
+            raise RuntimeError(f"the talker engine wrote residual codes of {len(residual)} "
+                               f"frames, {done} have their next code 0")
+        out = np.concatenate([np.asarray(self.code0[self.sent:done], np.int64)[:, None],
+                              residual[self.sent:done].astype(np.int64)], axis=1)
+        self.sent = done
+        return out
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+async def _wait_rows(path: str, rows: int, width: int, timeout_s: float) -> np.ndarray:
+    """Rows [0, rows) of the thinker's file once written (polled until the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        have = hidden_states.rows_in(path, width)
+        if have is None:
+            raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
+                               f"{path} does not exist (the thinker request ended?)")
+        if have >= rows and (data := hidden_states.read_rows(path, 0, rows, width)) is not None:
+            return data
+        final = hidden_states.final_rows(path)
+        if final is not None and final < rows:
+            raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
+                               f"the thinker's reply ended after {final} rows; the talker "
+                               f"needs {rows} (a reply of at least 2 tokens)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the thinker wrote {have} of the {rows} rows the "
+                               f"talker's prompt needs within {timeout_s:g} s")
+        await asyncio.sleep(0.002)
