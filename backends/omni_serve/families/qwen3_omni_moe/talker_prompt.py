@@ -119,6 +119,16 @@ def _weights_file(folder: Path, name: str) -> Path:
     return folder / "model.safetensors"
 
 
+def _rows(folder: Path, name: str, ids: list[int]) -> np.ndarray:
+    """Rows `ids` of the checkpoint tensor `name`, as float32 (reads only those rows)."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
+        part = f.get_slice(name)
+        return torch.stack([part[i:i + 1][0] for i in ids]).float().numpy()
+
+
 def _tensors(folder: Path, names: list[str]) -> dict:
     import torch
     from safetensors import safe_open
@@ -182,11 +192,14 @@ class TalkerPrompter:
         self.vocab_size = talker.text_config.vocab_size
         names = {mlp: [f"talker.{mlp}.{p}.{w}" for p in ("linear_fc1", "linear_fc2")
                        for w in ("weight", "bias")] for mlp in ("text_projection", "hidden_projection")}
-        weights = _tensors(self.folder, [THINKER_EMBED, CODEC_EMBED, *sum(names.values(), [])])
+        weights = _tensors(self.folder, [CODEC_EMBED, *sum(names.values(), [])])
         self.projection, self.hidden_projection = (
             self._mlp(Qwen3OmniMoeTalkerResizeMLP(talker), weights, names[mlp])
             for mlp in ("text_projection", "hidden_projection"))
-        self.thinker_embed = torch.nn.Embedding.from_pretrained(weights[THINKER_EMBED])
+        self._thinker_embed = None  # the whole table, loaded only to build prompts from ids
+        with torch.no_grad():
+            self._pad_bos = self.projection(torch.as_tensor(_rows(
+                self.folder, THINKER_EMBED, [config.tts_pad_token_id, config.tts_bos_token_id])))
         self.codec_embed = torch.nn.Embedding.from_pretrained(weights[CODEC_EMBED])
         self.stop_ids = [talker.codec_eos_token_id]
         top = self.vocab_size - SUPPRESSED_TOP_IDS
@@ -215,11 +228,13 @@ class TalkerPrompter:
         params["allowed_token_ids"] = list(self.allowed_ids)
         return params
 
-    def _text_rows(self, ids: list[int]):
+    def _embed(self, ids: list[int]) -> np.ndarray:
+        """The thinker's input embeddings of `ids` (reads the whole table once)."""
         import torch
 
-        with torch.no_grad():
-            return self.projection(self.thinker_embed(torch.tensor(ids, dtype=torch.long)))
+        if self._thinker_embed is None:
+            self._thinker_embed = _tensors(self.folder, [THINKER_EMBED])[THINKER_EMBED]
+        return self._thinker_embed[torch.tensor(ids, dtype=torch.long)].numpy()
 
     def prompt_embeds(self, prompt_ids: list[int], reply_ids: list[int], voice: str,
                       thinker_hidden: np.ndarray | None = None):
@@ -229,14 +244,11 @@ class TalkerPrompter:
         the prompt's positions ([len(prompt_ids), thinker hidden]); read at media positions,
         needed only when a user turn has media.
         """
-        import torch
-
         turn = assistant_ids(prompt_ids, reply_ids, self.config)
         if len(turn) < 4:
             raise ValueError("the talker needs the assistant turn's first reply token")
         ids = list(prompt_ids[:assistant_start(prompt_ids, self.config)]) + turn[:4]
-        with torch.no_grad():
-            embeds = self.thinker_embed(torch.tensor(ids, dtype=torch.long)).numpy()
+        embeds = self._embed(ids)
         return self.prompt_from_rows(prompt_ids, embeds, thinker_hidden, voice)
 
     def prompt_from_rows(self, prompt_ids: list[int], embeds: np.ndarray,
@@ -255,7 +267,7 @@ class TalkerPrompter:
                              f"layer {talker.accept_hidden_layer} (accept_hidden_layer)")
         if voice.lower() not in self.voices:
             raise ValueError(f"unknown voice {voice!r}; known voices: {', '.join(sorted(self.voices))}")
-        pad, bos = self._text_rows([cfg.tts_pad_token_id, cfg.tts_bos_token_id])
+        pad, bos = self._pad_bos
         codec_ids = [talker.codec_nothink_id, talker.codec_think_bos_id, talker.codec_think_eos_id,
                      self.voices[voice.lower()], talker.codec_pad_id, talker.codec_bos_id]
         with torch.no_grad():
