@@ -25,6 +25,8 @@ GROUPS = 16
 TALKER_FRAMES = 12  # talker_max_new_tokens: frames 0..10 get their residual codes
 THINKER_TOKENS = 8
 PROMPTS = ("hello there how are you", "say something short about the sea")
+MORE_PROMPTS = ("tell me a story", "what is the time now")
+KV_BYTES = 4 * 32 * 1024  # 4 blocks of 32 positions of the tiny talker (1 KiB a position)
 
 
 @pytest.fixture(scope="module")
@@ -236,8 +238,10 @@ def engine(checkpoint):
     ModelRegistry.register_model(talker_prompt.ARCHITECTURE, talker_prompt.MODEL_CLASS)
     args = talker_prompt.engine_args({"model": str(checkpoint)})
     try:
-        llm = LLM(**args, enforce_eager=True, dtype="float32", max_model_len=512, max_num_seqs=4,
-                  kv_cache_memory_bytes=64 << 20)
+        # 4 blocks of 32 positions: a batch that outgrows them has requests preempted and
+        # recomputed
+        llm = LLM(**args, enforce_eager=True, dtype="float32", max_model_len=64, max_num_seqs=4,
+                  block_size=32, kv_cache_memory_bytes=KV_BYTES)
     finally:
         if saved is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
@@ -273,6 +277,36 @@ def test_the_served_talker_draws_transformers_frames_for_a_batch_of_requests(
     finally:
         for path in files:
             os.unlink(path)
+        os.rmdir(directory)
+
+
+def test_preempted_requests_redraw_nothing_and_give_transformers_frames(
+        engine, model, processor, prompter, references):
+    import tempfile
+
+    from vllm import SamplingParams
+
+    refs = references + [_generate(model, _inputs(processor, text)) for text in MORE_PROMPTS]
+    before = engine.collective_rpc(talker_engine.STATS_RPC)[0]
+    directory = tempfile.mkdtemp(prefix="omni_hs_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    prompts, params, streams = [], [], []
+    for i, ref in enumerate(refs):
+        path = os.path.join(directory, f"codes{i}")
+        open(path, "wb").close()
+        prompt, extra = prompter.build(ref["prompt"], ref["reply"], "ethan", codes_file=path)
+        streams.append(talker_prompt.FrameStream(path, GROUPS))
+        prompts.append(prompt)
+        params.append(SamplingParams(**prompter.sampling({"temperature": 0.0, "max_tokens": TALKER_FRAMES}),
+                                     extra_args=extra, detokenize=False))
+    try:
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        after = engine.collective_rpc(talker_engine.STATS_RPC)[0]
+        assert after["recomputed_frames"] > before["recomputed_frames"]  # some were preempted
+        for ref, out, stream in zip(refs, outputs, streams, strict=True):
+            np.testing.assert_array_equal(stream.push(list(out.outputs[0].token_ids)), ref["frames"])
+    finally:
+        for stream in streams:
+            stream.close()
         os.rmdir(directory)
 
 

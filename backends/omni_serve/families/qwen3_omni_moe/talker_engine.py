@@ -53,6 +53,7 @@ EXTRA_ARG = "omni_talker_qwen3"
 SCHEDULER = "omni_serve.families.qwen3_omni_moe.talker_engine.TalkerScheduler"
 EXTENSION = "omni_serve.families.qwen3_omni_moe.talker_engine.TalkerExtension"
 RPC = "omni_install_qwen3_talker_feed"
+STATS_RPC = "omni_qwen3_talker_stats"
 CODE_DTYPE = np.dtype(np.int32)
 # transformers' code predictor when the talker samples (the talker's
 # prepare_inputs_for_generation): its own temperature 1, top-k 50, top-p 0.8
@@ -176,11 +177,19 @@ class TalkerExtension:
         return ""
 
 
+    def omni_qwen3_talker_stats(self) -> dict:
+        """Counts since the feed was installed: frames drawn, and frames re-embedded from
+        their codes (recomputed requests: preemptions)."""
+        feed = getattr(getattr(self, "model_runner", None), "_omni_qwen3_talker_feed", None)
+        return dict(feed.stats) if feed is not None else {}
+
+
 class _Request:
     """What the worker keeps of one talker request between its steps."""
 
     def __init__(self):
         self.hidden = None  # the talker's hidden state at its last computed position
+        self.hidden_position = -1
         self.codes: dict[int, np.ndarray] = {}  # frame -> its residual codes
         self.generator = None  # its residual sampling's, drawn from frame by frame
 
@@ -201,6 +210,7 @@ class _StepFeed:
         self.runner = runner
         self.scheduler_output = None
         self.state: dict[str, _Request] = {}
+        self.stats = {"drawn_frames": 0, "recomputed_frames": 0}
         forward, execute = runner._model_forward, runner.execute_model
 
         def execute_model(scheduler_output, *args, **kwargs):
@@ -263,32 +273,32 @@ class _StepFeed:
             positions = positions.clone()
         for req_id, feed, first, n, start in spans:
             state = self.state.setdefault(req_id, _Request())
-            prompt_len = feed["prompt_len"]
-            for k, q in enumerate(range(start, start + n)):
-                if q < prompt_len:
-                    continue
-                frame = q - prompt_len
-                if frame in state.codes:
-                    known.append(first + k)
+            try:
+                rows = self._rows(req_id, feed, state, first, n, start)
+            except Exception:  # that request's steps go wrong; the others' do not
+                log.exception("omni: talker request %s: its step's feed failed", req_id)
+                continue
+            for kind, row, frame, text in rows:
+                if kind == "known":
+                    known.append(row)
                     known_codes.append(state.codes[frame])
-                    known_text.append(text_of(feed, frame))
-                elif k == 0 and state.hidden is not None:
-                    draw.append(first + k)
+                    known_text.append(text)
+                else:
+                    draw.append(row)
                     draw_hidden.append(state.hidden)
-                    draw_text.append(text_of(feed, frame))
+                    draw_text.append(text)
                     plan.append((req_id, feed, frame))
                     params = getattr(self.runner.requests.get(req_id), "sampling_params", None)
                     sampling.append((state, residual_settings(feed, params)))
-                else:
-                    raise RuntimeError(f"talker request {req_id}: frame {frame} has neither "
-                                       "codes nor the previous step's hidden state")
             if "positions" in feed and positions is not None and positions.ndim == 2:
-                prompt = np.asarray(feed["positions"], np.int64)
+                prompt_len, prompt = feed["prompt_len"], np.asarray(feed["positions"], np.int64)
                 pos = np.array([prompt[:, q] if q < prompt_len else [q + feed["delta"]] * 3
                                 for q in range(start, start + n)], np.int64).T
                 positions[:, first:first + n] = torch.from_numpy(pos).to(positions.device)
         if positions is not None and positions.ndim == 2:
             kwargs["positions"] = positions
+        self.stats["drawn_frames"] += len(draw)
+        self.stats["recomputed_frames"] += len(known)
         if not draw and not known:
             model.omni_step = None
             return plan
@@ -305,11 +315,38 @@ class _StepFeed:
             sampling=residual_sampling(sampling, model, device))
         return plan
 
+    @staticmethod
+    def _rows(req_id: str, feed: dict, state: _Request, first: int, n: int, start: int) -> list:
+        """("known" | "draw", batch row, frame, text) of the request's decode rows this step.
+
+        A frame drawn before (a recomputed request) is re-embedded from its codes; the one
+        frame not drawn yet is drawn from the hidden state kept at the position before it
+        (the last one computed, also after a preemption: vLLM recomputes up to it).
+        """
+        out = []
+        for k, q in enumerate(range(start, start + n)):
+            frame = q - feed["prompt_len"]
+            if frame < 0:
+                continue
+            text = text_of(feed, frame)
+            if text is None:
+                raise RuntimeError(f"frame {frame} ran before its text arrived")
+            if frame in state.codes:
+                out.append(("known", first + k, frame, text))
+            elif state.hidden is not None and state.hidden_position == q - 1:
+                out.append(("draw", first + k, frame, text))
+            else:
+                raise RuntimeError(f"talker request {req_id}: frame {frame} has neither codes "
+                                   "nor the hidden state of the position before it")
+        return out
+
     # after the forward
     def collect(self, spans, plan, out) -> None:
         hidden = out[0] if isinstance(out, tuple) else out
-        for req_id, _feed, first, n, _start in spans:
-            self.state.setdefault(req_id, _Request()).hidden = hidden[first + n - 1].detach().clone()
+        for req_id, _feed, first, n, start in spans:
+            state = self.state.setdefault(req_id, _Request())
+            state.hidden = hidden[first + n - 1].detach().clone()
+            state.hidden_position = start + n - 1
         codes = self.runner.model.residual_codes
         if not plan or codes is None:
             return
