@@ -30,6 +30,7 @@ class LLM:
     IMAGE = "image"
     EMBEDDING_REQUEST = "embedding_request"
     # Omni extras.
+    AUDIO = "audio"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     MESSAGES = "messages"
     IMAGE_EMBEDS = "image_embeds"
@@ -108,6 +109,10 @@ LLM_CONTRACT = StageContract(
         TensorSpec(LLM.IMAGE, "TYPE_STRING", (-1,), optional=True,
                    doc="vision models on vLLM's own processor: base64-encoded images of "
                        "text_input, one per element (as vllm_backend takes them)"),
+        TensorSpec(LLM.AUDIO, "TYPE_STRING", (-1,), optional=True,
+                   doc="audio models on vLLM's own processor: the sound files (WAV, FLAC, "
+                       "OGG, MP3) of text_input, one per element, decoded to mono at the "
+                       "model's feature rate"),
         TensorSpec(LLM.EMBEDDING_REQUEST, "TYPE_STRING", (1,), optional=True,
                    doc="pooling models: JSON {\"input\": text or token ids, \"pooling_params\": "
                        "{\"dimensions\": [n]}}; text_output is the embedding as a JSON list"),

@@ -106,14 +106,15 @@ def error_code(error: InferenceServerException) -> str:
 class OmniStream:
     """One gRPC stream to the omni model; responses land in a queue."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, model: str = MODEL):
         self.client = grpcclient.InferenceServerClient(url)
+        self.model = model
         self.q: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.q.put((result, error)),
                                  headers=stream_headers(self.client))
 
     def send(self, inputs) -> None:
-        self.client.async_stream_infer(MODEL, inputs, enable_empty_final_response=True)
+        self.client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
 
     def next(self, timeout: float = 120.0):
         return self.q.get(timeout=timeout)
@@ -180,8 +181,8 @@ def absorb(result: OmniResult, response) -> bool:
     return bool(final and final.bool_param)
 
 
-def run_omni(url: str, **kwargs) -> OmniResult:
-    stream = OmniStream(url)
+def run_omni(url: str, model: str = MODEL, **kwargs) -> OmniResult:
+    stream = OmniStream(url, model)
     try:
         stream.send(omni_inputs(**kwargs))
         return stream.collect()

@@ -145,3 +145,17 @@ def test_a_folder_missing_the_thinker_reports_the_speech_parts_too(omni_dir, tmp
     assert f"{folder}: no tokenizer_config.json, which the thinker stage needs" in problems
     assert f"{folder}: no spk_dict.pt, which the audio_decoder stage needs" in problems
     assert all(stage in data["stages"] for stage in SPEECH_STAGES)
+
+
+def test_a_qwen3_omni_folder_leaves_out_the_stages_its_family_does_without(tmp_path, capsys):
+    """Qwen3-Omni's thinker takes images and audio raw (no encoder stages), and the family has
+    no speech feed yet (no talker, no decoder): the repository serves text, image and audio in."""
+    folder = tm.ensure_model("qwen3-omni-tiny")
+    code, text = run(["--preset", "omni-chat", "--model", folder, "-o", tmp_path / "repo"], capsys)
+    assert code == 0, text
+    repo = tmp_path / "repo"
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["llm", "omni", "text_to_image"]
+    omni = json.loads((repo / "omni" / "engine.json").read_text())
+    assert omni["family"] == "qwen3_omni_moe"
+    assert omni["stages"] == {"thinker": "llm", "image_generator": "text_to_image"}
+    assert json.loads((repo / "llm" / "engine.json").read_text())["model"] == str(folder)

@@ -151,8 +151,8 @@ class ScriptedStages:
         else:
             prompt = inputs[LLM.TEXT_INPUT][0].decode()
             # one placeholder per item; the engine expands it
-            assert prompt.count("<|IMAGE|>") == (LLM.IMAGE_EMBEDS in inputs)
-            assert prompt.count("<|AUDIO|>") == (LLM.AUDIO_FEATURES in inputs)
+            assert prompt.count("<|IMAGE|>") == (LLM.IMAGE_EMBEDS in inputs or LLM.IMAGE in inputs)
+            assert prompt.count("<|AUDIO|>") == (LLM.AUDIO_FEATURES in inputs or LLM.AUDIO in inputs)
             ids = prompt_ids_of(prompt)
         self.thinker_prompt_ids.append(ids)
         sampling = json.loads(inputs[LLM.SAMPLING_PARAMETERS][0])
@@ -255,6 +255,22 @@ def test_the_encoders_outputs_go_to_the_thinker_with_one_placeholder_each():
     assert thinker[LLM.IMAGE_GRID_THW].tolist() == [[1, 2, 2 * rows]]
     assert thinker[LLM.AUDIO_FEATURES].shape == (MEL_BINS, 20 + len(b"wav"))
     assert thinker[LLM.AUDIO_FEATURE_LENGTHS].tolist() == [20 + len(b"wav")]
+
+
+def test_media_a_familys_thinker_takes_raw_go_to_it_as_files_with_no_encoder_call():
+    import base64
+
+    cfg = config(family="qwen3_omni_moe", stages={"thinker": "llm"})
+    stages = ScriptedStages(reply_tokens=2)
+    run(OmniPipeline(cfg, stages, tiny_chat_prompt()), tensors(image=b"img-bytes", audio=b"wav"), cfg)
+    assert [m for m, _ in stages.calls] == ["llm"]
+    thinker = stages.calls[0][1]
+    assert base64.b64decode(thinker[LLM.IMAGE][0]) == b"img-bytes"
+    assert bytes(thinker[LLM.AUDIO][0]) == b"wav"
+    assert not {LLM.IMAGE_EMBEDS, LLM.AUDIO_FEATURES} & set(thinker)
+    prompt = thinker[LLM.TEXT_INPUT][0].decode()
+    assert prompt.index("<|AUDIO|>") < prompt.index("<|IMAGE|>") < prompt.index("hello")
+    assert "system" not in prompt  # the family has no system prompt of its own
 
 
 def test_image_output_uses_the_reply_as_the_prompt():

@@ -113,12 +113,37 @@ def test_images_are_base64_files_opened_as_rgb():
     assert all(im.mode == "RGB" for im in req.images)
 
 
-@pytest.mark.parametrize("value,msg", [(b"%%%", r"image\[0\]: must be base64"),
-                                       (base64.b64encode(b"not an image"),
-                                        r"image\[0\]: is not an image")])
+def _huge_png() -> bytes:  # a header that announces 100000 x 2 pixels, over the side limit
+    buf = io.BytesIO()
+    Image.new("1", (100000, 2)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("value,msg", [
+    (b"%%%", r"image\[0\]: must be base64"),
+    (base64.b64encode(b"not an image"), r"image\[0\]: not a decodable image"),
+    (base64.b64encode(_huge_png()), r"image\[0\]: image is 100000x2; width and height must "
+                                    r"be between 1 and 8192 pixels"),
+])
 def test_a_bad_image_is_the_requests_error_naming_its_element(value, msg):
     with pytest.raises(RequestError, match=msg):
         parse_request("r", {**tensors(), LLM.IMAGE: np.array([value], dtype=object)})
+
+
+def test_audio_files_are_kept_raw_and_decoded_at_the_models_rate():
+    import soundfile as sf
+
+    from omni_serve.llm.request import decode_audio_files
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros((4410, 2), np.float32), 44100, format="WAV")
+    req = parse_request("r", {**tensors(), LLM.AUDIO: np.array([buf.getvalue()], dtype=object)})
+    (samples,) = decode_audio_files(req.audios, 16000)
+    assert samples.shape == (1600,) and samples.dtype == np.float32
+    with pytest.raises(RequestError, match=r"^audio\[0\]: not a decodable audio file"):
+        decode_audio_files([b"RIFF nonsense"], 16000)
+    with pytest.raises(RequestError, match=r"^audio\[0\]: is empty"):
+        parse_request("r", {**tensors(), LLM.AUDIO: np.array([b""], dtype=object)})
 
 
 def test_an_embedding_request_needs_no_prompt():

@@ -57,6 +57,15 @@ def problems(folder: Path, roles: list[str]) -> list[str]:
     return found
 
 
+def _family(folder: Path) -> families.Family | None:
+    """The model family of the checkpoint in `folder`; None when it has none we serve
+    (`problems` says why)."""
+    try:
+        return families.for_checkpoint(str(folder))
+    except ValueError:
+        return None
+
+
 def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any], list[str]]:
     """The preset's spec data with its checkpoint replaced by `folder`, and the problems.
 
@@ -65,7 +74,9 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
     out with their orchestrator roles. A folder without the speech parts (no
     talker.* or token2wav.* weights, no spk_dict.pt, e.g. a thinker-only
     export) serves text: the talker and audio decoder are left out together
-    and a request for audio out fails clearly ("no talker").
+    and a request for audio out fails clearly ("no talker"). So are the stages
+    the folder's family does without: the encoder of a modality its thinker takes
+    raw (`Family.raw_media`), the speech stages of a family with no speech feed.
     """
     stages = data["stages"]
     orchestrators = [n for n, s in stages.items() if s["backend"] == "omni_orchestrator"]
@@ -82,7 +93,14 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
                and s["model"].startswith(own.rstrip("/") + "/")]
     speech = [roles.get(role) for role in SPEECH_ROLES if isinstance(roles.get(role), str)]
     speech_roles = [role for role in SPEECH_ROLES if roles.get(role) in stages]
-    if speech_roles and problems(folder, speech_roles) and not problems(folder, ["thinker"]):
+    family = _family(folder)
+    if family is not None:  # what the folder's family serves without a stage of its own
+        dropped += [roles[f"{kind}_encoder"] for kind in family.raw_media
+                    if isinstance(roles.get(f"{kind}_encoder"), str)]
+        if family.speech is None:
+            dropped += speech  # a family with text out only (so far)
+    if speech_roles and not set(speech) <= set(dropped) and problems(
+            folder, speech_roles) and not problems(folder, ["thinker"]):
         dropped += speech  # no speech parts in this folder: serve text
     if any(name in dropped for name in speech):
         dropped += [name for name in speech if name not in dropped and name in stages]

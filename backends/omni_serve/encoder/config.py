@@ -13,7 +13,32 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Modality = Literal["image", "audio"]
 
 
-class EncoderStageConfig(BaseModel):
+class MediaLimits(BaseModel):
+    """Limits on one media item, checked before any decoding work (omni_serve.encoder.media):
+    an encoder stage's, and those of an LLM stage that takes raw media."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_media_bytes: int = Field(default=20 * 2**20, ge=1, description="encoded size of one item")
+    # Decompression-bomb guard: the header's width x height, checked before pixels are decoded.
+    max_image_pixels: int = Field(default=32 * 2**20, ge=1)
+    max_image_side: int = Field(default=8192, ge=1)
+    min_image_side: int = Field(default=1, ge=1)
+    max_audio_seconds: float = Field(default=300.0, gt=0.0)
+    sample_rate: int = Field(default=16000, ge=1000, description="the audio tower's input rate")
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> MediaLimits:
+        if self.min_image_side > self.max_image_side:
+            raise ValueError(f"min_image_side={self.min_image_side} exceeds "
+                             f"max_image_side={self.max_image_side}")
+        if self.min_image_side ** 2 > self.max_image_pixels:
+            raise ValueError(f"min_image_side={self.min_image_side} allows no image under "
+                             f"max_image_pixels={self.max_image_pixels}; lower min_image_side")
+        return self
+
+
+class EncoderStageConfig(MediaLimits):
     """Typed engine.json of a modality encoder stage; unknown keys are an error.
 
     `model` is a checkpoint directory of a model family with media encoders
@@ -24,28 +49,8 @@ class EncoderStageConfig(BaseModel):
     `dtype` and `device` do not matter there.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     model: str = Field(min_length=1, description="omni thinker checkpoint directory")
     modality: Modality
     dtype: Dtype = "float32"
     device: Literal["cpu", "cuda"] = "cpu"
     torch_threads: int = Field(default=1, ge=1)
-    # --- limits on one media item (checked before any decoding work) ---
-    max_media_bytes: int = Field(default=20 * 2**20, ge=1, description="encoded size of one item")
-    # Decompression-bomb guard: the header's width x height, checked before pixels are decoded.
-    max_image_pixels: int = Field(default=32 * 2**20, ge=1)
-    max_image_side: int = Field(default=8192, ge=1)
-    min_image_side: int = Field(default=1, ge=1)
-    max_audio_seconds: float = Field(default=300.0, gt=0.0)
-    sample_rate: int = Field(default=16000, ge=1000, description="the audio tower's input rate")
-
-    @model_validator(mode="after")
-    def _check_limits(self) -> EncoderStageConfig:
-        if self.min_image_side > self.max_image_side:
-            raise ValueError(f"min_image_side={self.min_image_side} exceeds "
-                             f"max_image_side={self.max_image_side}")
-        if self.min_image_side ** 2 > self.max_image_pixels:
-            raise ValueError(f"min_image_side={self.min_image_side} allows no image under "
-                             f"max_image_pixels={self.max_image_pixels}; lower min_image_side")
-        return self

@@ -16,7 +16,7 @@ import re
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from omni_serve.encoder.config import EncoderStageConfig
+from omni_serve.encoder.config import MediaLimits
 from omni_serve.errors import RequestError
 
 FIELD = "media"
@@ -26,7 +26,7 @@ IMAGE_FORMATS = "PNG, JPEG, WebP, GIF, BMP, TIFF"
 AUDIO_FORMATS = "WAV, FLAC, OGG/Vorbis, MP3, AIFF"
 
 
-def _check_size(data: bytes, cfg: EncoderStageConfig, what: str) -> None:
+def _check_size(data: bytes, cfg: MediaLimits, what: str) -> None:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise RequestError(FIELD, f"expected the bytes of an encoded {what}, got {type(data).__name__}")
     if len(data) == 0:
@@ -39,7 +39,7 @@ def _check_size(data: bytes, cfg: EncoderStageConfig, what: str) -> None:
 # --- images -------------------------------------------------------------------------
 
 
-def _check_image_size(width: int, height: int, cfg: EncoderStageConfig) -> None:
+def _check_image_size(width: int, height: int, cfg: MediaLimits) -> None:
     lo, hi = cfg.min_image_side, cfg.max_image_side
     if not (lo <= width <= hi and lo <= height <= hi):
         raise RequestError(FIELD, f"image is {width}x{height}; width and height must be between "
@@ -52,7 +52,7 @@ def _check_image_size(width: int, height: int, cfg: EncoderStageConfig) -> None:
                                   f"{MAX_ASPECT_RATIO}x the short side")
 
 
-def decode_image(data: bytes, cfg: EncoderStageConfig) -> Image.Image:
+def decode_image(data: bytes, cfg: MediaLimits) -> Image.Image:
     """The RGB image in `data` (any format Pillow reads; the first frame of an animation).
 
     The header's size is checked against the limits before any pixel is decoded.
@@ -129,7 +129,7 @@ def _resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     return resample_poly(samples, target // g, rate // g).astype(np.float32, copy=False)
 
 
-def decode_audio(data: bytes, cfg: EncoderStageConfig) -> np.ndarray:
+def decode_audio(data: bytes, cfg: MediaLimits) -> np.ndarray:
     """Float32 mono samples of the audio file in `data`, resampled to `cfg.sample_rate`.
 
     Multi-channel audio is averaged to mono; other rates are resampled with a

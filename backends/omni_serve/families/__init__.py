@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from omni_serve.encoder.runner import EncoderOutput
 
 # the families this package ships, by import path (each registers itself)
-_BUILTIN = ("omni_serve.families.qwen2_5_omni",)
+_BUILTIN = ("omni_serve.families.qwen2_5_omni", "omni_serve.families.qwen3_omni_moe")
 # the family of an orchestrator config that names none (the first one the project served)
 DEFAULT = "qwen2_5_omni"
 
@@ -168,6 +168,9 @@ class Family:
     talker: str | None = None
     # the encoder stage's: a loader `load(EncoderStageConfig) -> MediaEncoder`
     encoders: str | None = None
+    # the modalities the thinker takes raw (its own vLLM processor and towers; no encoder
+    # stage): the orchestrator sends their files to the thinker's `image` / `audio` inputs
+    raw_media: tuple[str, ...] = ()
     # the audio decoder stage's: a `CodecDecoder` class
     decoder: str | None = None
     # the decoder's chunk context from the checkpoint's config.json, no weights read

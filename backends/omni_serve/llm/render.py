@@ -12,7 +12,7 @@ from typing import Any
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
 from omni_serve.llm.media import MediaShapes, multi_modal_data
-from omni_serve.llm.request import LLMRequest
+from omni_serve.llm.request import LLMRequest, decode_audio_files
 
 
 async def render_prompt(engine: Any, prompt: dict) -> Any:
@@ -38,7 +38,7 @@ async def render_chat(engine: Any, messages: list[dict]) -> Any:
 
 
 async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes,
-                         stage: str) -> Any:
+                         stage: str, audio_rate: int = 16000) -> Any:
     """The engine input of a (non-talker) request."""
     if req.prompt_token_ids is not None:
         vocab = engine.model_config.get_vocab_size()
@@ -49,9 +49,12 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
         return await render_prompt(engine, {"prompt_token_ids": req.prompt_token_ids})
     if req.messages is not None:
         return await render_chat(engine, req.messages)
-    if req.images:  # vllm_backend's `image`: the model's own processor takes them
-        return await render_prompt(engine, {"prompt": req.prompt,
-                                            "multi_modal_data": {"image": req.images}})
+    if req.images or req.audios:  # raw media: the model's own processor takes them
+        data: dict[str, Any] = {"image": req.images} if req.images else {}
+        if req.audios:  # at the feature rate, so vLLM resamples nothing
+            data["audio"] = [(samples, audio_rate)
+                             for samples in decode_audio_files(req.audios, audio_rate)]
+        return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
     if req.media is None:
         return await render_prompt(engine, {"prompt": req.prompt})
     data = multi_modal_data(req.media, req.prompt, media_shapes, stage)

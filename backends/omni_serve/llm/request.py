@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from omni_serve.contract import LLM
+from omni_serve.encoder import media as media_files
+from omni_serve.encoder.config import MediaLimits
 from omni_serve.errors import RequestError, VerbatimRequestError
 from omni_serve.fields import ChatRules, json_chat, scalar, text
 from omni_serve.llm import sampling
@@ -53,6 +55,9 @@ class LLMRequest:
     lora_name: str | None = None
     images: list[Any] | None = None
     embed: EmbedRequest | None = None
+    # sound files for an audio model's own processor (decoded by the stage, which knows
+    # the model's feature rate)
+    audios: list[bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,9 +178,11 @@ def parse_request(
         field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
         raise RequestError(field, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
     images = None if embed is not None else _images(tensors.get(LLM.IMAGE))
-    if images and (prompt is None or media is not None):
-        raise RequestError(LLM.IMAGE, f"needs a {LLM.TEXT_INPUT} and no "
-                                      f"{LLM.IMAGE_EMBEDS} / {LLM.AUDIO_FEATURES}")
+    audios = None if embed is not None else _audio_files(tensors.get(LLM.AUDIO))
+    for name, raw in ((LLM.IMAGE, images), (LLM.AUDIO, audios)):
+        if raw and (prompt is None or media is not None):
+            raise RequestError(name, f"needs a {LLM.TEXT_INPUT} and no "
+                                     f"{LLM.IMAGE_EMBEDS} / {LLM.AUDIO_FEATURES}")
 
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}
@@ -201,8 +208,11 @@ def parse_request(
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=ids,
                       media=media, messages=messages, lora_name=lora_name, images=images,
-                      embed=embed, **flags)
+                      audios=audios, embed=embed, **flags)
 
+
+# what one raw image or sound file may be (the encoder stage's defaults)
+MEDIA_LIMITS = MediaLimits()
 
 STREAM_WITH_INPUT = ("Error generating stream: When streaming, `exclude_input_in_output` = "
                      "False is not allowed.")
@@ -221,14 +231,12 @@ def _lora_name(from_tensor: Any, from_params: Any) -> str | None:
 
 
 def _images(arr: np.ndarray | None) -> list[Any] | None:
-    """The `image` elements: base64 of an image file each, opened as RGB PIL images."""
+    """The `image` elements: base64 of an image file each, opened as RGB PIL images within
+    the media limits (omni_serve.encoder.media)."""
     if arr is None:
         return None
     import base64
     import binascii
-    import io
-
-    from PIL import Image, UnidentifiedImageError
 
     images = []
     for i, value in enumerate(np.asarray(arr).reshape(-1)):
@@ -238,12 +246,36 @@ def _images(arr: np.ndarray | None) -> list[Any] | None:
             data = base64.b64decode(raw, validate=True)
         except (binascii.Error, ValueError) as e:
             raise RequestError(where, f"must be base64 of an image file ({e})") from e
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                images.append(img.convert("RGB"))
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise RequestError(where, f"is not an image PIL can open ({e})") from e
+        images.append(_decoded(where, media_files.decode_image, data))
     return images or None
+
+
+def _audio_files(arr: np.ndarray | None) -> list[bytes] | None:
+    """The `audio` elements: a sound file's bytes each (decoded by the stage)."""
+    if arr is None:
+        return None
+    files = []
+    for i, value in enumerate(np.asarray(arr).reshape(-1)):
+        data = value.encode("latin-1") if isinstance(value, str) else bytes(value)
+        if not data:
+            raise RequestError(f"{LLM.AUDIO}[{i}]", "is empty; send a sound file's bytes")
+        files.append(data)
+    return files or None
+
+
+def decode_audio_files(files: list[bytes], sample_rate: int) -> list[np.ndarray]:
+    """Float32 mono samples of each file at `sample_rate`, within the media limits."""
+    limits = MEDIA_LIMITS.model_copy(update={"sample_rate": sample_rate})
+    return [_decoded(f"{LLM.AUDIO}[{i}]", media_files.decode_audio, data, limits)
+            for i, data in enumerate(files)]
+
+
+def _decoded(where: str, decode, data: bytes, limits=None):
+    """`decode(data, limits)`, its RequestError naming `where` instead of the encoder's field."""
+    try:
+        return decode(data, limits or MEDIA_LIMITS)
+    except RequestError as e:
+        raise RequestError(where, e.message) from None
 
 
 def _embedding_request(value: Any) -> EmbedRequest | None:

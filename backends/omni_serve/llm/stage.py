@@ -26,6 +26,19 @@ from omni_serve.llm.request import LLMOutput, LLMRequest
 log = logging.getLogger(__name__)
 
 
+def feature_rate(model: str, default: int = 16000) -> int:
+    """The sampling rate the checkpoint's audio feature extractor takes
+    (preprocessor_config.json `sampling_rate`; `default` for a folder without one)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(model, "preprocessor_config.json")) as f:
+            return int(json.load(f).get("sampling_rate", default))
+    except (OSError, ValueError, TypeError):
+        return default
+
+
 def aborted_output() -> LLMOutput:
     """The final output of a request stopped before the engine ran it (as vLLM ends one)."""
     return LLMOutput(text="", finish_reason="abort", num_input_tokens=0, num_output_tokens=0,
@@ -46,6 +59,7 @@ class LLMStage:
                                stat_loggers=stat_loggers)
         self.loras = loras or LoraTable()
         self.media_shapes: MediaShapes | None = None  # None: a text-only model
+        self.audio_rate = 16000  # raw audio's rate for the model's processor, once started
         self.hidden_size = 0
         self._capture_dir: str | None = None  # where the engine writes hidden states
         self.hidden_states_unavailable = "the engine has not started"  # '' when available
@@ -62,6 +76,7 @@ class LLMStage:
     async def _started(self) -> None:
         engine = self.host.engine
         self.media_shapes = MediaShapes.from_hf_config(engine.model_config.hf_config)
+        self.audio_rate = feature_rate(self.host.engine_args["model"])
         self.hidden_size = engine.model_config.get_hidden_size()
         if self._capture_dir is None:
             self.hidden_states_unavailable = ("the engine runs its own worker_extension_cls "
@@ -140,7 +155,8 @@ class LLMStage:
                             num_output_tokens=0, final=True, embedding=embedding))
 
     async def _render(self, req: LLMRequest):
-        return await render.render_request(self.host.engine, req, self.media_shapes, self.name)
+        return await render.render_request(self.host.engine, req, self.media_shapes, self.name,
+                                           self.audio_rate)
 
     def _capture(self, params) -> hidden_states.CaptureFile:
         """A capture file for one request's hidden states, named in its SamplingParams.

@@ -255,6 +255,13 @@ class OrchestratorConfig(RefusesRemovedSettings):
                                  "those, or set voice_map to {} to send names as they are")
 
     @property
+    def raw_media(self) -> tuple[str, ...]:
+        """The modalities the family's thinker takes raw (no encoder stage)."""
+        from omni_serve import families
+
+        return families.get(self.family).raw_media
+
+    @property
     def speech(self):
         """The family's SpeechFeed (None: a family with text out only)."""
         from omni_serve import families

@@ -23,6 +23,7 @@ StageFailedError naming it; cancelling the task cancels every child stream.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -189,30 +190,39 @@ class OmniPipeline:
 
     # --- encoders --------------------------------------------------------------------
     async def _encode(self, req: OmniRequest, t: Timings) -> tuple[dict[str, np.ndarray], str]:
-        """The encoders' outputs as thinker inputs, and the prompt with one placeholder each."""
+        """The encoders' outputs as thinker inputs, and the prompt with one placeholder each.
+
+        A modality the family's thinker takes raw (`raw_media`) goes to it as the file:
+        an image as base64 (the `image` input vllm_backend defined), audio as bytes.
+        """
         jobs, roles = [], []
-        for role, data, outputs in (
-                ("audio_encoder", req.audio, [ENCODER.FEATURES]),
-                ("image_encoder", req.image, [ENCODER.EMBEDDINGS, ENCODER.GRID_THW])):
-            if data is not None:
-                jobs.append(self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
-                                        outputs, t))
-                roles.append(role)
         media: dict[str, np.ndarray] = {}
         kinds: list[Media] = []
+        for role, kind, data, outputs in (
+                ("audio_encoder", "audio", req.audio, [ENCODER.FEATURES]),
+                ("image_encoder", "image", req.image, [ENCODER.EMBEDDINGS, ENCODER.GRID_THW])):
+            if data is None:
+                continue
+            kinds.append(kind)  # the prompt's placeholders: audio, then image
+            if kind in self.cfg.raw_media:
+                raw = base64.b64encode(data) if kind == "image" else data
+                media[LLM.IMAGE if kind == "image" else LLM.AUDIO] = np.array([raw],
+                                                                              dtype=np.object_)
+                continue
+            jobs.append(self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
+                                    outputs, t))
+            roles.append(role)
         for role, out in zip(roles, await asyncio.gather(*jobs)):
             if role == "audio_encoder":
                 features = np.asarray(out[ENCODER.FEATURES], dtype=np.float32)
                 features = features.reshape(features.shape[-2], features.shape[-1])
                 media[LLM.AUDIO_FEATURES] = features
                 media[LLM.AUDIO_FEATURE_LENGTHS] = np.array([features.shape[1]], dtype=np.int64)
-                kinds.append("audio")
             else:
                 rows = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
                 media[LLM.IMAGE_EMBEDS] = rows.reshape(-1, rows.shape[-1])
                 media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
                                                        dtype=np.int64).reshape(1, 3)
-                kinds.append("image")
         prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
         return media, prompt
 

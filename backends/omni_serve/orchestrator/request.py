@@ -86,7 +86,7 @@ def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorCo
         raise RequestError(name, "is empty; send the file's bytes")
     if len(data) > cfg.max_media_bytes:
         raise RequestError(name, f"is {len(data)} bytes; at most {cfg.max_media_bytes} are allowed")
-    if role is None:
+    if role is None and name not in cfg.raw_media:  # else its thinker takes the file
         raise RequestError(name, f"this pipeline has no {name} encoder stage")
     return data
 

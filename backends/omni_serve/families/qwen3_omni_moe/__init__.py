@@ -1,0 +1,48 @@
+"""Qwen3-Omni (Qwen/Qwen3-Omni-30B-A3B-Instruct, -Thinking, -Captioner): layout and defaults.
+
+Imported by omni_serve.families (any process). The thinker is vLLM's own
+`Qwen3OmniMoeThinkerForConditionalGeneration` (vLLM maps the whole model's
+architecture to it), and it takes images and audio raw: vLLM accepts no
+precomputed image inputs for this family, so its own processor and towers run
+in the thinker's engine and the family has no encoder stage (`raw_media`).
+The stage-side modules are named by path and loaded only where they run:
+- code2wav.py: the audio decoder stage's side (Code2Wav, 16 codes a frame,
+  1920 samples a frame at 24 kHz, causal);
+- code2wav_context.py: Code2Wav's left context from config.json (omni-gen-repo);
+- talker_model.py, talker_engine.py, talker_prompt.py: the talker and its code
+  predictor on vLLM (not served yet: the family has no `talker` or `speech` feed,
+  so a Qwen3-Omni folder serves text).
+Still outside: tools/omni_tools/tiny_qwen3_omni.py builds the tiny checkpoint.
+"""
+from __future__ import annotations
+
+from omni_serve.families import Family
+
+# OpenAI's voices onto the talker's speakers (config.json talker_config.speaker_id), by
+# how they sound: the female-sounding ones to Chelsie, the others to Ethan and Aiden.
+OPENAI_VOICE_MAP: dict[str, str] = {
+    **dict.fromkeys(("alloy", "coral", "nova", "sage", "shimmer"), "chelsie"),
+    **dict.fromkeys(("ash", "echo", "onyx", "verse"), "ethan"),
+    **dict.fromkeys(("ballad", "fable"), "aiden"),
+}
+
+FAMILY = Family(
+    name="qwen3_omni_moe",
+    title="Qwen3-Omni",
+    # the whole model (Instruct; Thinking and Captioner ship enable_audio_output false and
+    # no talker), or a thinker alone
+    model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
+    parts={
+        "thinker": ("thinker.model.", ("tokenizer_config.json", "preprocessor_config.json")),
+        "talker": ("talker.model.", ()),
+        "audio_decoder": ("code2wav.", ()),
+    },
+    # the model card asks for none; the thinker answers without one
+    system_prompt=None,
+    voice_map=OPENAI_VOICE_MAP,
+    # transformers' Qwen3OmniMoeForConditionalGeneration.generate talker_* defaults
+    talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
+    raw_media=("image", "audio"),
+    decoder=f"{__name__}.code2wav:Code2Wav",
+    decoder_context=f"{__name__}.code2wav_context:chunk_context",
+)
