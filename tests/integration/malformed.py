@@ -540,6 +540,8 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
             ids.map(lambda xs: r.attack("prompt_token_ids", ints(xs), "and text_input too"))),
         "messages": _messages_values(r, no_text["drop"]),
         "image": _image_values(r),
+        # raw sound files, decoded by the stage before the engine sees them
+        "audio": bad_media("audio").map(lambda bw: r.attack("audio", text(bw[0]), bw[1])),
         "embedding_request": _embedding_values(r, no_text["drop"]),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
