@@ -232,16 +232,19 @@ def test_weights_that_do_not_fit_the_config_are_named(reference, tmp_path):
 
 # --- goldens --------------------------------------------------------------------------
 @pytest.mark.parametrize("n", [1, 40])
-def test_a_whole_utterance_is_transformers_forward_after_the_delay(runner, reference, n):
-    """One request of every frame: `delay` samples of silence, then transformers' forward (which is
-    also its chunked_decode(300, 25) for utterances up to 300 frames)."""
+def test_a_whole_utterance_is_transformers_forward_from_its_first_sample(runner, reference, n):
+    """One request of every frame: the decoder's `delay` samples of silence, which the stage drops
+    from an utterance's first chunk, then transformers' forward (which is also its
+    chunked_decode(300, 25) for utterances up to 300 frames), sample for sample."""
+    decoded = runner.decoder.decode([request(0, n)])[0]
     out = runner.run([request(0, n)])[0]
-    delay = runner.decoder.field.delay
+    delay = runner.decoder.lead_samples
+    assert delay == runner.decoder.field.delay and not decoded[:delay].any()
     with torch.no_grad():
         chunked = reference.chunked_decode(torch.from_numpy(STREAM[:n].T[None].copy()), 300, 25)[0, 0]
-    assert len(out) == n * SPF and not out[:delay].any()
-    np.testing.assert_allclose(out[delay:], forward(reference, STREAM[:n]), atol=GOLDEN, rtol=0)
-    np.testing.assert_allclose(out[delay:], chunked.numpy(), atol=GOLDEN, rtol=0)
+    assert len(out) == n * SPF - delay
+    np.testing.assert_allclose(out, forward(reference, STREAM[:n]), atol=GOLDEN, rtol=0)
+    np.testing.assert_allclose(out, chunked.numpy(), atol=GOLDEN, rtol=0)
 
 
 def test_transformers_chunking_through_the_stage_is_its_chunked_decode_plus_what_it_drops(runner, reference):
@@ -252,9 +255,11 @@ def test_transformers_chunking_through_the_stage_is_its_chunked_decode_plus_what
     pieces = runner.run([request(s.begin, s.end, s.context) for s in spans])
     with torch.no_grad():
         chunked = reference.chunked_decode(torch.from_numpy(STREAM[:total].T[None].copy()), 300, 25)
-    assert [len(p) for p in pieces] == [(s.end - s.begin) * SPF for s in spans]
-    np.testing.assert_allclose(np.concatenate([p[delay:] for p in pieces]), chunked[0, 0].numpy(),
-                               atol=GOLDEN, rtol=0)
+    # the first chunk comes without the utterance's leading silence
+    assert [len(p) for p in pieces] == [(s.end - s.begin) * SPF - (delay if s.begin == 0 else 0)
+                                        for s in spans]
+    np.testing.assert_allclose(np.concatenate([pieces[0]] + [p[delay:] for p in pieces[1:]]),
+                               chunked[0, 0].numpy(), atol=GOLDEN, rtol=0)
 
 
 def test_a_stream_with_the_checkpoint_context_is_the_whole_decode(runner):

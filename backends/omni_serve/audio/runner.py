@@ -96,7 +96,10 @@ class AudioRunner:
         return len(req.codes), self.decoder.batch_key(req)
 
     def run(self, requests: list[AudioRequest]) -> list[np.ndarray | Exception]:
-        """Per request, float32 [new_codes * samples_per_code] audio or the exception it raised, in order."""
+        """Per request, float32 [new_codes * samples_per_code] audio or the exception it raised, in
+        order; the utterance's first chunk (voiced from stream frame 0) without the decoder's
+        `lead_samples`, where it has any (a causal decoder's delay: its stream then starts
+        where its reference's waveform does)."""
         results: list[np.ndarray | Exception | None] = [None] * len(requests)
         todo = []
         for i, req in enumerate(requests):
@@ -119,7 +122,9 @@ class AudioRunner:
         if wave.shape != (len(group), frames * spc):
             raise RuntimeError(f"the decoder returned {list(wave.shape)} samples for {len(group)} "
                                f"requests of {frames} frames, expected {[len(group), frames * spc]}")
-        return [np.ascontiguousarray(w[r.context * spc:(r.context + r.new_codes) * spc])
+        lead = getattr(self.decoder, "lead_samples", 0)
+        return [np.ascontiguousarray(w[r.context * spc + (lead if r.offset + r.context == 0 else 0):
+                                       (r.context + r.new_codes) * spc])
                 for w, r in zip(wave, group, strict=True)]
 
 

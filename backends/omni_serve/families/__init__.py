@@ -136,6 +136,9 @@ class CodecDecoder(Protocol):
     default_voice: str | None
     max_frames: int | None  # the longest utterance it can place; None: no limit
     context: ChunkContext  # what a chunk needs around it to sound as the whole utterance
+    # optional: leading samples of an utterance's audio that are no part of it (a causal
+    # decoder's delay); the stage drops them from the chunk voiced from frame 0 (default 0)
+    lead_samples: int
 
     @classmethod
     def load(cls, cfg: AudioStageConfig) -> CodecDecoder:

@@ -13,8 +13,10 @@ n * 1920 - 555 samples and the waveform of frame i starts at sample
 i * 1920 - 555. `decode` returns each request's forward output after `delay`
 samples of silence: n * 1920 samples, as the stage expects, and the audio the
 stage keeps of a chunk (its voiced frames' share) tiles the stream exactly,
-555 samples early; the utterance starts with 555 samples of silence and
-nothing is dropped. (transformers' `chunked_decode` instead drops each
+555 samples early; the utterance starts with 555 samples of silence, which the
+stage drops from the utterance's first chunk (`lead_samples`), so the
+stream starts at sample 0 of transformers' forward and equals it
+whatever the chunking. (transformers' `chunked_decode` instead drops each
 chunk's last 555 samples.)
 
 Long left context at little cost: a chunk is exact with `context.left` frames
@@ -99,6 +101,8 @@ class Code2Wav:
         self.codec_vocab = int(config.codebook_size)
         self.samples_per_frame = int(self.model.total_upsample)
         self.field: Field = receptive_field(config)
+        # the silence `decode` puts first: the stage drops it from the utterance's first chunk
+        self.lead_samples = self.field.delay
         # What a chunk needs around it to sound as the whole utterance (chunk_plan's arguments).
         self.context = ChunkContext(self.field.left, 0, 1)
 
