@@ -5,31 +5,41 @@ tower's deepstack and the AuT audio encoder) in a pipeline spec written here as 
 writes one (a thinker stage and an orchestrator, model names of their own), generated with
 omni-gen-repo and loaded into the session's text-chat server (servers.loaded), so no server
 of its own starts. The family's thinker takes images and audio raw (its own vLLM processor
-and towers), so the spec has no encoder stage; the family has no speech feed yet, so audio
-out is refused clearly.
+and towers), so the spec has no encoder stage. Speech: the family's talker (its vLLM model
+with the code predictor, omni_talker) and Code2Wav (omni_audio) load with the thinker, as one
+group, so their engines load side by side.
 
-Reference: transformers' Qwen3OmniMoeForConditionalGeneration's thinker on the same folder,
-greedy, fp32, inputs from the checkpoint's own Qwen3OmniMoeProcessor (tests/qwen3_reference).
+Reference: transformers' Qwen3OmniMoeForConditionalGeneration on the same folder, greedy,
+fp32, inputs from the checkpoint's own Qwen3OmniMoeProcessor (tests/qwen3_reference): the
+thinker's reply, and for speech its talker's 16 codes of every frame and the waveform.
 """
 from __future__ import annotations
 
+import base64
 import io
+import queue
 
+import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 import yaml
 from PIL import Image
 
+from omni_serve.contract import LLM
 from omni_tools.tiny_models import ensure_model
-from tests.qwen3_reference import load, processor_inputs
+from tests.qwen3_reference import load, processor_inputs, reference
 
-from .omni_io import error_code, png, run_omni, tone, wav
+from .omni_io import png, run_omni, tone, wav
 from .servers import gen_repo, loaded
 
 pytestmark = pytest.mark.integration
 
-THINKER, OMNI_MODEL = "qwen3_thinker", "qwen3_omni"
+THINKER, TALKER, DECODER, OMNI_MODEL = "qwen3_thinker", "qwen3_talker", "qwen3_code2wav", "qwen3_omni"
 GREEDY = {"temperature": 0, "max_tokens": 16}
+# the random tiny talker seldom samples its end code: its frames are bounded
+GREEDY_TALKER = {"temperature": 0, "max_tokens": 30}
+SEED = 0
 QUESTION = "what do you see and hear?"
 
 
@@ -46,11 +56,15 @@ def url(text_chat_server, folder, tmp_path_factory):
             "limit_mm_per_prompt": {"image": 1, "audio": 1, "video": 0},
             "max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
             "enforce_eager": True}},
-        OMNI_MODEL: {"backend": "omni_orchestrator",
-                     "engine_args": {"stages": {"thinker": THINKER}}}}}
+        TALKER: {"backend": "omni_talker", "model": folder, "engine_args": {
+            "max_model_len": 2048, "max_num_seqs": 4, "dtype": "float32", "enforce_eager": True},
+            "env": {"VLLM_CPU_OMP_THREADS_BIND": "1"}},
+        DECODER: {"backend": "omni_audio", "model": folder, "max_batch_size": 4},
+        OMNI_MODEL: {"backend": "omni_orchestrator", "engine_args": {"stages": {
+            "thinker": THINKER, "talker": TALKER, "audio_decoder": DECODER}}}}}
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
-    with loaded(text_chat_server, repo, [THINKER, OMNI_MODEL]) as server:
+    with loaded(text_chat_server, repo, [(THINKER, TALKER, DECODER), OMNI_MODEL]) as server:
         yield server.grpc_url
 
 
@@ -95,8 +109,102 @@ def test_the_media_reach_the_thinker(url):
     assert len(replies) == 4
 
 
-def test_speech_out_is_refused_naming_what_the_pipeline_offers(url):
-    result = run_omni(url, model=OMNI_MODEL, text=QUESTION, modalities=["text", "audio"])
-    assert result.error is not None and error_code(result.error) == "INVALID_ARG"
-    assert "'audio' needs a talker and an audio_decoder stage" in result.error.message()
-    assert run_omni(url, model=OMNI_MODEL, text=QUESTION, sampling=GREEDY).text
+@pytest.mark.parametrize("stream_audio", [False, True], ids=["whole", "streamed"])
+def test_speech_equals_qwen3_omni_in_transformers(url, folder, stream_audio):
+    question = "say something about the sea"
+    want_ids, want_codes, want_wave = reference(
+        folder, [{"role": "user", "content": [{"type": "text", "text": question}]}],
+        speaker="ethan", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
+        talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
+    assert len(want_codes) > 1, "the reference talker produced no frames"
+    result = run_omni(url, model=OMNI_MODEL, text=question, modalities=["text", "audio"],
+                      sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="ethan",
+                      stream_audio=stream_audio, return_codec_ids=True)
+    assert result.error is None, result.error
+    text = load(folder)[1].tokenizer.decode(want_ids, skip_special_tokens=True)
+    assert result.text == text.removesuffix("\ufffd")
+    assert result.codec_ids == want_codes.tolist()  # all 16 codes of every frame
+    assert result.sample_rate == 24000
+    # the whole utterance from the reference's sample 0, whatever the chunking (causal
+    # decoder, exact left context)
+    assert len(result.chunks) == 1 if not stream_audio else len(result.chunks) > 1
+    assert result.audio.shape == want_wave.shape
+    assert np.abs(result.audio - want_wave).max() < 1e-4
+
+
+def test_an_openai_voice_speaks_with_its_mapped_speaker(url):
+    runs = [run_omni(url, model=OMNI_MODEL, text="hello there", modalities=["text", "audio"],
+                     sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice=voice,
+                     stream_audio=False, return_codec_ids=True) for voice in ("onyx", "ethan", "chelsie")]
+    assert all(r.error is None for r in runs), [r.error for r in runs]
+    onyx, ethan, chelsie = runs
+    assert onyx.codec_ids == ethan.codec_ids and onyx.codec_ids != chelsie.codec_ids
+
+
+def _thinker_rows(url: str, prompt: str, image: bytes) -> tuple[list[int], np.ndarray]:
+    """(prompt ids, rows [embedding | hidden]) of the thinker stage asked directly, one token."""
+    def tensor(name, arr, dtype):
+        x = grpcclient.InferInput(name, list(arr.shape), dtype)
+        x.set_data_from_numpy(arr)
+        return x
+
+    ins = [tensor(LLM.TEXT_INPUT, np.array([prompt.encode()], object), "BYTES"),
+           tensor(LLM.IMAGE, np.array([base64.b64encode(image)], object), "BYTES"),  # as vllm_backend
+           tensor(LLM.STREAM, np.array([False]), "BOOL"),
+           tensor(LLM.RETURN_HIDDEN_STATES, np.array([True]), "BOOL"),
+           tensor(LLM.RETURN_INPUT_TOKEN_IDS, np.array([True]), "BOOL"),
+           tensor(LLM.SAMPLING_PARAMETERS, np.array([b'{"temperature": 0, "max_tokens": 1}'],
+                                                    object), "BYTES")]
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:  # the thinker is decoupled: one streamed request, non-streaming reply
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(THINKER, ins)
+        out, error = results.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is None, error.message()
+    rows = np.concatenate([out.as_numpy(LLM.INPUT_EMBEDS), out.as_numpy(LLM.HIDDEN_STATES)], axis=1)
+    return out.as_numpy(LLM.INPUT_TOKEN_IDS).tolist(), rows
+
+
+def test_the_thinker_hands_the_talker_its_accept_hidden_layer_before_deepstack(url, folder):
+    """The hidden half of the thinker's rows is transformers' hidden_states[accept_hidden_layer]
+    (the output of that decoder layer, before the deepstack addition, which on the tiny model
+    touches layers 0-2 of 3 with accept_hidden_layer 2), at every prompt position, an image's
+    included; its embedding half is hidden_states[0]."""
+    model, processor = load(folder)
+    image = png(300, 200, seed=2)
+    messages = [{"role": "user", "content": [
+        {"type": "image", "image": Image.open(io.BytesIO(image)).convert("RGB")},
+        {"type": "text", "text": QUESTION}]}]
+    inputs = processor_inputs(processor, messages)
+    text_model = model.thinker.model
+    deepstack: list[torch.Tensor] = []  # what each layer's deepstack addition adds, image rows
+
+    def recorded(hidden_states, visual_pos_masks, visual_embeds):
+        deepstack.append(visual_embeds)
+        return type(text_model)._deepstack_process(text_model, hidden_states, visual_pos_masks,
+                                                   visual_embeds)
+
+    text_model._deepstack_process = recorded
+    try:
+        with torch.no_grad():
+            out = model.thinker(**inputs, output_hidden_states=True)
+    finally:
+        del text_model._deepstack_process
+    layer = model.config.talker_config.accept_hidden_layer
+    want = out.hidden_states[layer][0].numpy()
+    ids, rows = _thinker_rows(url, processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False), image)
+    assert ids == inputs["input_ids"][0].tolist()
+    embeds, hidden = rows[:, :rows.shape[1] // 2], rows[:, rows.shape[1] // 2:]
+    assert hidden.shape == want.shape
+    np.testing.assert_allclose(embeds, out.hidden_states[0][0].numpy(), atol=1e-4, rtol=0)
+    # float32 through a MoE of another GEMM order: measured 1.3e-3 max abs on values up to
+    # ~180 (7e-6 of the scale)
+    tolerance = 5e-5 * np.abs(want).max()
+    assert np.abs(hidden - want).max() < tolerance
+    # the deepstack addition after that layer would be far outside it (image rows)
+    assert len(deepstack) > layer - 1 and deepstack[layer - 1].abs().max() > 10 * tolerance

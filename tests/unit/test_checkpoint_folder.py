@@ -148,14 +148,25 @@ def test_a_folder_missing_the_thinker_reports_the_speech_parts_too(omni_dir, tmp
 
 
 def test_a_qwen3_omni_folder_leaves_out_the_stages_its_family_does_without(tmp_path, capsys):
-    """Qwen3-Omni's thinker takes images and audio raw (no encoder stages), and the family has
-    no speech feed yet (no talker, no decoder): the repository serves text, image and audio in."""
+    """Qwen3-Omni's thinker takes images and audio raw (no encoder stages); its talker and
+    Code2Wav speak, with Code2Wav's chunk context and the talker's speakers in the
+    orchestrator's engine.json."""
+    from omni_serve.families.qwen3_omni_moe.code2wav_context import chunk_context
+
     folder = tm.ensure_model("qwen3-omni-tiny")
     code, text = run(["--preset", "omni-chat", "--model", folder, "-o", tmp_path / "repo"], capsys)
     assert code == 0, text
     repo = tmp_path / "repo"
-    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["llm", "omni", "text_to_image"]
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == [
+        "audio_decoder", "llm", "omni", "talker", "text_to_image"]
     omni = json.loads((repo / "omni" / "engine.json").read_text())
     assert omni["family"] == "qwen3_omni_moe"
-    assert omni["stages"] == {"thinker": "llm", "image_generator": "text_to_image"}
-    assert json.loads((repo / "llm" / "engine.json").read_text())["model"] == str(folder)
+    assert omni["stages"] == {"thinker": "llm", "talker": "talker", "audio_decoder": "audio_decoder",
+                              "image_generator": "text_to_image"}
+    config = json.loads((Path(folder) / "config.json").read_text())
+    context = chunk_context(config)
+    assert (omni["left_context_codes"], omni["right_context_codes"], omni["align_codes"]) == (
+        context.left, 0, 1)
+    assert omni["voices"] == list(config["talker_config"]["speaker_id"])
+    for stage in ("llm", "talker", "audio_decoder"):
+        assert json.loads((repo / stage / "engine.json").read_text())["model"] == str(folder)

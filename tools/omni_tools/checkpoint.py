@@ -120,7 +120,8 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
 
 
 # The voices of a checkpoint: Qwen2.5-Omni's pickled dict (name -> conditioning),
-# or the audio stage's own index (omni_tools.tiny_token2wav.write_speakers).
+# the audio stage's own index (omni_tools.tiny_token2wav.write_speakers), or a talker
+# that speaks them itself (Qwen3-Omni: config.json talker_config.speaker_id).
 SPEAKER_DICT = "spk_dict.pt"
 SPEAKER_INDEX = "speakers.json"
 
@@ -151,4 +152,16 @@ def voices(folder: Path) -> list[str] | None:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError(f'{path}: expected a "speakers" list of names')
         return names
-    return None
+    return _config_speakers(folder)
+
+
+def _config_speakers(folder: Path) -> list[str] | None:
+    """The talker's speakers in config.json (`talker_config.speaker_id`: name -> codec id)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    speakers = (config.get("talker_config") or {}).get("speaker_id") if isinstance(config, dict) else None
+    if not isinstance(speakers, dict) or not speakers:
+        return None
+    return [str(name) for name in speakers]

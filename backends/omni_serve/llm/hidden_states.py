@@ -2,7 +2,10 @@
 
 What a talker that reads the thinker's rows takes from it (a family's speech
 feed asks for them; transformers' `hidden_states[0]` and `hidden_states[-1]`
-of `generate(output_hidden_states=True)`):
+of `generate(output_hidden_states=True)`, or `hidden_states[k]` where the
+family's vLLM thinker class keeps layer k's output: its `omni_capture_layer`
+and, after each forward, `omni_capture_hidden`, e.g. Qwen3-Omni's
+accept_hidden_layer, families/qwen3_omni_moe/thinker.py):
 one row per prompt position, then one per generated token as it is fed back
 (so a reply of n tokens has prompt + n - 1 rows; the last token is never fed).
 
@@ -83,8 +86,15 @@ class _StepCapture:
         forward, execute = runner._model_forward, runner.execute_model
 
         def _model_forward(*args, **kwargs):
+            model = self._model()
+            if model is not None:
+                model.omni_capture_hidden = None
             out = forward(*args, **kwargs)
-            self.last = (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), out)
+            # a model that keeps another layer's output for the rows (a family's thinker
+            # class: omni_capture_hidden) hands that one over instead of its last
+            kept = getattr(model, "omni_capture_hidden", None)
+            self.last = (kwargs.get("input_ids"), kwargs.get("inputs_embeds"),
+                         out if kept is None else kept)
             return out
 
         def execute_model(scheduler_output, *args, **kwargs):
@@ -99,6 +109,17 @@ class _StepCapture:
 
         runner._model_forward = _model_forward
         runner.execute_model = execute_model
+
+    def _model(self):
+        """The model itself (vLLM may wrap it), if it says which layer it keeps."""
+        model = getattr(self.runner, "model", None)
+        get = getattr(self.runner, "get_model", None)
+        if get is not None:
+            try:
+                model = get()
+            except Exception:  # no model loaded yet
+                return None
+        return model if getattr(model, "omni_capture_layer", None) is not None else None
 
     def _wanted(self, scheduler_output) -> list[tuple[str, int, int, int]]:
         """(token, first row in the step's batch, rows, first position) per capturing request."""

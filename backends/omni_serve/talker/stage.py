@@ -6,9 +6,12 @@ engine, metrics), which calls `serve` once per request. The checkpoint's model
 family (omni_serve.families, from its config.json) gives the talker's side
 (`TalkerSide`, e.g. a family folder's talker_prompt.py): the engine
 arguments, the prompt built from what the thinker hands over and the
-engine feed that goes with it, sampling defaults and stop codes. Here: one
-request through it, and the sampled codes streamed back as
-[frames, codec_groups], cut at the talker's stop code as transformers cuts them.
+engine feed that goes with it, sampling defaults and stop codes, and the
+request's `FrameStream`, which turns the engine's sampled ids into whole
+frames [n, codec_groups] (a one-code talker: the ids, cut at its stop code as
+transformers cuts them, `StopCutStream`; Qwen3-Omni: each code 0 with the 15
+codes its code predictor wrote beside it). Here: one request through it, and
+the frames streamed back as they complete.
 """
 from __future__ import annotations
 
@@ -28,6 +31,35 @@ from omni_serve.talker.request import TalkerInput, TalkerOutput, TalkerRequest, 
 WAIT_S = 120.0
 
 
+class FrameStream(Protocol):
+    """One talker request's frames as the engine's ids come (the side makes one per request)."""
+
+    def push(self, new_ids: list[int]) -> np.ndarray:
+        """The frames, int64 [n, codec_groups], that these newly sampled ids complete."""
+        ...
+
+    def close(self) -> None:
+        """The request is over (whatever the reason): release what the stream holds."""
+        ...
+
+
+class StopCutStream:
+    """A talker that samples whole frames: its ids as [n, groups], its stop codes left out
+    (vLLM ends the request on one, so only the last id can be one)."""
+
+    def __init__(self, groups: int, stop_ids: list[int]):
+        self.groups, self.stop_ids = groups, set(stop_ids)
+
+    def push(self, new_ids: list[int]) -> np.ndarray:
+        ids = [int(i) for i in new_ids]
+        if ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]  # as transformers cuts the codes at the talker's eos
+        return np.asarray(ids, dtype=np.int64).reshape(-1, self.groups)
+
+    def close(self) -> None:
+        pass
+
+
 class TalkerSide(Protocol):
     """A model family's talker, as the stage drives it (built once the engine runs)."""
 
@@ -42,6 +74,14 @@ class TalkerSide(Protocol):
 
     async def prompt(self, req: TalkerInput, timeout_s: float) -> tuple[dict, dict]:
         """(the vLLM prompt, SamplingParams.extra_args for the engine's feed)."""
+        ...
+
+    def frame_stream(self, extra_args: dict) -> FrameStream:
+        """The frames of the request `prompt` returned `extra_args` for."""
+        ...
+
+    def close(self) -> None:
+        """The stage stops: remove what the side keeps between requests."""
         ...
 
 
@@ -69,6 +109,7 @@ class TalkerStage:
         if reasons:
             raise RuntimeError(f"[{self.name}] the talker cannot run: {'; '.join(reasons)}")
         self.side = self.side_class(self.host.engine_args["model"], self.name)
+        self.host.at_shutdown(self.side.close)
 
     async def serve(self, req: TalkerRequest, sink: Sink, arrival: float) -> None:
         side = self.side
@@ -77,16 +118,17 @@ class TalkerStage:
             if params.extra_args and own in params.extra_args:
                 raise RequestError(f"{sampling.FIELD}.extra_args.{own}", "is set by the stage")
         engine_prompt, extra = await side.prompt(req.feed, timeout_s=WAIT_S)
-        params.extra_args = {**(params.extra_args or {}), **extra}
-        engine_input = await self.host.render_prompt(engine_prompt)
-        if self.host.aborted(req.request_id):  # aborted while its prompt was built
-            sink.send(aborted_output(side.codec_groups))
-            return
-        async for out, _, _ in self.host.generate(engine_input, params, req.request_id,
-                                                  arrival, stream=True):
-            comp = out.outputs[0]
-            ids = list(comp.token_ids)
-            if comp.finish_reason == "stop" and ids and ids[-1] in side.stop_ids:
-                ids = ids[:-1]  # as transformers cuts the codes at the talker's eos
-            sink.send(TalkerOutput(np.asarray(ids, dtype=np.int64).reshape(-1, side.codec_groups),
-                                   comp.finish_reason, out.finished))
+        stream = side.frame_stream(extra)
+        try:
+            params.extra_args = {**(params.extra_args or {}), **extra}
+            engine_input = await self.host.render_prompt(engine_prompt)
+            if self.host.aborted(req.request_id):  # aborted while its prompt was built
+                sink.send(aborted_output(side.codec_groups))
+                return
+            async for out, _, _ in self.host.generate(engine_input, params, req.request_id,
+                                                      arrival, stream=True):
+                comp = out.outputs[0]
+                sink.send(TalkerOutput(stream.push(list(comp.token_ids)), comp.finish_reason,
+                                       out.finished))
+        finally:
+            stream.close()

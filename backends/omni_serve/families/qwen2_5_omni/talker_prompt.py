@@ -169,6 +169,15 @@ class TalkerPrompter:
         params["allowed_token_ids"] = list(self.allowed_ids)
         return params
 
+    def frame_stream(self, extra_args: dict):
+        """One code a frame: the ids as they come, the stop code left out."""
+        from omni_serve.talker.stage import StopCutStream
+
+        return StopCutStream(self.codec_groups, self.stop_ids)
+
+    def close(self) -> None:
+        """Nothing kept between requests."""
+
     def voice(self, name: str | None) -> str:
         name = name or self.default_voice
         if name not in self.voice_tokens:

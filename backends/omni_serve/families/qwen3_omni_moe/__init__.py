@@ -9,14 +9,19 @@ The stage-side modules are named by path and loaded only where they run:
 - code2wav.py: the audio decoder stage's side (Code2Wav, 16 codes a frame,
   1920 samples a frame at 24 kHz, causal);
 - code2wav_context.py: Code2Wav's left context from config.json (omni-gen-repo);
-- talker_model.py, talker_engine.py, talker_prompt.py: the talker and its code
-  predictor on vLLM (not served yet: the family has no `talker` or `speech` feed,
-  so a Qwen3-Omni folder serves text).
+- thinker.py: vLLM's thinker keeping the hidden state after accept_hidden_layer
+  for the talker's rows (vLLM worker);
+- talker_model.py, talker_engine.py: the talker and its code predictor as a vLLM
+  model and its per-step feed (vLLM engine core / worker);
+- talker_prompt.py: the talker stage's side (prompt, sampling, stops, frames).
+With the plain module speech.py: the orchestrator's side (talker and Code2Wav
+requests, codes [frames, 16]).
 Still outside: tools/omni_tools/tiny_qwen3_omni.py builds the tiny checkpoint.
 """
 from __future__ import annotations
 
 from omni_serve.families import Family
+from omni_serve.families.qwen3_omni_moe.speech import Qwen3OmniSpeech
 
 # OpenAI's voices onto the talker's speakers (config.json talker_config.speaker_id), by
 # how they sound: the female-sounding ones to Chelsie, the others to Ethan and Aiden.
@@ -34,7 +39,9 @@ FAMILY = Family(
     model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"),
     parts={
         "thinker": ("thinker.model.", ("tokenizer_config.json", "preprocessor_config.json")),
-        "talker": ("talker.model.", ()),
+        # the talker, its code predictor and projections (it also reads the thinker's
+        # embed_tokens, which a folder with a thinker has)
+        "talker": ("talker.", ()),
         "audio_decoder": ("code2wav.", ()),
     },
     # the model card asks for none; the thinker answers without one
@@ -43,6 +50,14 @@ FAMILY = Family(
     # transformers' Qwen3OmniMoeForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
     raw_media=("image", "audio"),
+    speech=Qwen3OmniSpeech(),
+    vllm_models={
+        # the thinker stage's engine: vLLM's thinker, keeping accept_hidden_layer's output
+        "Qwen3OmniMoeForConditionalGeneration": f"{__name__}.thinker:Qwen3OmniThinker",
+        # the talker stage's engine (talker_prompt.engine_args sets it through hf_overrides)
+        "Qwen3OmniTalkerForConditionalGeneration": f"{__name__}.talker_model:Qwen3OmniTalker",
+    },
+    talker=f"{__name__}.talker_prompt:TalkerPrompter",
     decoder=f"{__name__}.code2wav:Code2Wav",
     decoder_context=f"{__name__}.code2wav_context:chunk_context",
 )

@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -370,6 +371,12 @@ class TalkerPrompter:
         path = os.path.join(self._codes_dir, secrets.token_hex(12))
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         return path
+
+    def close(self) -> None:
+        """The stage stops: remove the codes folder (its requests' files are gone with them)."""
+        if self._codes_dir is not None:
+            shutil.rmtree(self._codes_dir, ignore_errors=True)
+            self._codes_dir = None
 
     def frame_stream(self, extra_args: dict) -> FrameStream:
         """The frames of the request whose engine feed is `extra_args[EXTRA_ARG]`."""
