@@ -216,3 +216,14 @@ def test_the_voices_are_the_talkers_speakers_in_config_json(tmp_path):
     assert checkpoint.voices(tmp_path) == list(speakers)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_omni_moe"}))
     assert checkpoint.voices(tmp_path) is None  # a thinker alone
+
+
+def test_a_speaker_in_any_case_and_an_openai_voice_reach_config_jsons_speakers():
+    from omni_serve.orchestrator.config import OrchestratorConfig
+
+    cfg = OrchestratorConfig.model_validate({
+        "family": "qwen3_omni_moe", "voices": ["aiden", "chelsie", "ethan"],
+        "stages": {"thinker": "llm", "talker": "talker", "audio_decoder": "dec"}})
+    assert [cfg.voice(v) for v in ("ethan", "Ethan", "CHELSIE", "onyx", "nova")] == [
+        "ethan", "ethan", "chelsie", "ethan", "chelsie"]
+    assert cfg.voice("Nobody") is None

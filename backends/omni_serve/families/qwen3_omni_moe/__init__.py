@@ -31,6 +31,10 @@ OPENAI_VOICE_MAP: dict[str, str] = {
     **dict.fromkeys(("ballad", "fable"), "aiden"),
 }
 
+# The talker's own speakers, named as transformers' generate(speaker="Ethan") takes them (it
+# lower-cases the name): any case reaches config.json's lower-case speaker_id keys.
+SPEAKERS = ("chelsie", "ethan", "aiden")
+
 FAMILY = Family(
     name="qwen3_omni_moe",
     title="Qwen3-Omni",
@@ -46,7 +50,7 @@ FAMILY = Family(
     },
     # the model card asks for none; the thinker answers without one
     system_prompt=None,
-    voice_map=OPENAI_VOICE_MAP,
+    voice_map={**OPENAI_VOICE_MAP, **{name: name for name in SPEAKERS}},
     # transformers' Qwen3OmniMoeForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
     raw_media=("image", "audio"),
