@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 THINKER, TALKER, DECODER, OMNI_MODEL = "qwen3_thinker", "qwen3_talker", "qwen3_code2wav", "qwen3_omni"
 GREEDY = {"temperature": 0, "max_tokens": 16}
 # the random tiny talker seldom samples its end code: its frames are bounded
-GREEDY_TALKER = {"temperature": 0, "max_tokens": 30}
+GREEDY_TALKER = {"temperature": 0, "max_tokens": 20}
 SEED = 0
 QUESTION = "what do you see and hear?"
 
@@ -109,13 +109,20 @@ def test_the_media_reach_the_thinker(url):
     assert len(replies) == 4
 
 
+SEA = "say something about the sea"
+
+
+@pytest.fixture(scope="module")
+def sea_reference(folder):
+    return reference(folder, [{"role": "user", "content": [{"type": "text", "text": SEA}]}],
+                     speaker="ethan", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
+                     talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
+
+
 @pytest.mark.parametrize("stream_audio", [False, True], ids=["whole", "streamed"])
-def test_speech_equals_qwen3_omni_in_transformers(url, folder, stream_audio):
-    question = "say something about the sea"
-    want_ids, want_codes, want_wave = reference(
-        folder, [{"role": "user", "content": [{"type": "text", "text": question}]}],
-        speaker="ethan", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
-        talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
+def test_speech_equals_qwen3_omni_in_transformers(url, folder, sea_reference, stream_audio):
+    question = SEA
+    want_ids, want_codes, want_wave = sea_reference
     assert len(want_codes) > 1, "the reference talker produced no frames"
     result = run_omni(url, model=OMNI_MODEL, text=question, modalities=["text", "audio"],
                       sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="ethan",
@@ -129,6 +136,23 @@ def test_speech_equals_qwen3_omni_in_transformers(url, folder, stream_audio):
     # decoder, exact left context)
     assert len(result.chunks) == 1 if not stream_audio else len(result.chunks) > 1
     assert result.audio.shape == want_wave.shape
+    assert np.abs(result.audio - want_wave).max() < 1e-4
+
+
+def test_speech_about_an_image_equals_qwen3_omni_in_transformers(url, folder):
+    """The talker's prompt holds the image's rows at the thinker's M-RoPE positions, which
+    need the image's grid (the orchestrator reads it with the checkpoint's processor)."""
+    image = png(300, 200, seed=2)
+    part = {"type": "image", "image": Image.open(io.BytesIO(image)).convert("RGB")}
+    want_ids, want_codes, want_wave = reference(
+        folder, [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}],
+        speaker="chelsie", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
+        talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
+    result = run_omni(url, model=OMNI_MODEL, text=QUESTION, modalities=["text", "audio"],
+                      sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="chelsie",
+                      return_codec_ids=True, image=image)
+    assert result.error is None, result.error
+    assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
     assert np.abs(result.audio - want_wave).max() < 1e-4
 
 

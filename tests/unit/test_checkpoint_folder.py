@@ -170,3 +170,13 @@ def test_a_qwen3_omni_folder_leaves_out_the_stages_its_family_does_without(tmp_p
     assert omni["voices"] == list(config["talker_config"]["speaker_id"])
     for stage in ("llm", "talker", "audio_decoder"):
         assert json.loads((repo / stage / "engine.json").read_text())["model"] == str(folder)
+
+
+def test_a_qwen3_omni_thinking_folder_serves_text_without_the_speech_stages(tmp_path, capsys):
+    folder = tm.ensure_model("qwen3-omni-thinking-tiny")  # enable_audio_output false, no talker
+    code, text = run(["--preset", "omni-chat", "--model", folder, "-o", tmp_path / "repo"], capsys)
+    assert code == 0, text
+    repo = tmp_path / "repo"
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["llm", "omni", "text_to_image"]
+    assert "note: audio_decoder, talker left out, the repository serves text" in text
+    assert "no talker.* weights, which the talker stage needs" in text

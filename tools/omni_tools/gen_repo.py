@@ -574,13 +574,23 @@ def _preset_with_model(name: str, folder: Path) -> PipelineSpec:
     load_preset(name)  # an unknown name lists the presets
     data = yaml.safe_load((SPECS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
     before = set(data["stages"])
+    role_of = {target: role for stage in data["stages"].values()
+               if stage["backend"] == "omni_orchestrator"
+               for role, target in stage["engine_args"]["stages"].items()
+               if isinstance(target, str)}
     data, problems = checkpoint.point_preset_at(data, folder.absolute())
     if problems:
         raise SpecError(source, problems)
     left_out = sorted(before - set(data["stages"]))
-    if left_out:  # e.g. a thinker-only export: say what is missing, not only what is left out
+    speech = [n for n in left_out if role_of.get(n) in checkpoint.SPEECH_ROLES]
+    raw = [n for n in left_out if n not in speech]
+    if raw:  # a family whose thinker encodes these media itself
+        print(f"{PROG}: note: {', '.join(raw)} left out: the thinker of "
+              f"{families.for_checkpoint(str(folder)).title} takes those media itself",
+              file=sys.stderr)
+    if speech:  # e.g. a thinker-only export: say what is missing, not only what is left out
         missing = checkpoint.problems(folder.absolute(), list(checkpoint.SPEECH_ROLES))
-        print(f"{PROG}: note: {', '.join(left_out)} left out, the repository serves text"
+        print(f"{PROG}: note: {', '.join(speech)} left out, the repository serves text"
               + "".join(f"\n  {m}" for m in missing), file=sys.stderr)
     return parse_spec(data, base_dir=SPECS_DIR, source=source)
 

@@ -174,6 +174,10 @@ class Family:
     # the modalities the thinker takes raw (its own vLLM processor and towers; no encoder
     # stage): the orchestrator sends their files to the thinker's `image` / `audio` inputs
     raw_media: tuple[str, ...] = ()
+    # where raw media's shapes come from for the talker's positions (orchestrator process):
+    # `load(checkpoint folder)` -> an object whose `shapes(kind, file bytes)` returns
+    # {image_grid_thw: [1, 3]} or {audio_feature_lengths: [1]}
+    raw_media_shapes: str | None = None
     # the audio decoder stage's: a `CodecDecoder` class
     decoder: str | None = None
     # the decoder's chunk context from the checkpoint's config.json, no weights read

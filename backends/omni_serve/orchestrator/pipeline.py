@@ -35,7 +35,7 @@ import numpy as np
 
 from omni_serve import families
 from omni_serve.contract import DIT, ENCODER, LLM
-from omni_serve.errors import StageFailedError, is_overloaded
+from omni_serve.errors import RequestError, StageFailedError, is_overloaded
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the adapter)
     AudioChunk,
@@ -113,6 +113,8 @@ class OmniPipeline:
         self.prompt = prompt
         # which thinker engine serves a request (session affinity, else least busy)
         self.thinkers = EngineRouter(cfg.stages.thinkers, retry_after_s=cfg.engine_retry_after_s)
+        # the shapes of raw media, for the talker's positions (loaded on first use)
+        self._raw_media_shapes: Any = None
 
     # --- stage calls with the stage's name on every error ---------------------------
     async def _infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
@@ -161,14 +163,15 @@ class OmniPipeline:
             rows.prompt_ids = prompt_part  # the talker's prompt ends where the text starts
             t.prompt_tokens = len(reply_ids) - len(prompt_part)  # the text's tokens
         else:
-            media, prompt = await self._encode(req, t)
+            media, prompt, shapes = await self._encode(req, t)
         speech = rows is not None
         try:
             # one task group: a failing talker or decoder cancels the thinker and back
             async with asyncio.TaskGroup() as tg:
                 think = tg.create_task(self._think(req, prompt, media, emit, rows, t, reply_ids))
                 if speech:
-                    tg.create_task(Speech(self.cfg, self, req, media, emit, t).run(rows))
+                    tg.create_task(Speech(self.cfg, self, req, {**media, **shapes}, emit,
+                                          t).run(rows))
         except ExceptionGroup as group:
             raise _first_error(group) from None
         finally:
@@ -189,13 +192,17 @@ class OmniPipeline:
         return await self._infer(role, inputs, outputs, timings)
 
     # --- encoders --------------------------------------------------------------------
-    async def _encode(self, req: OmniRequest, t: Timings) -> tuple[dict[str, np.ndarray], str]:
-        """The encoders' outputs as thinker inputs, and the prompt with one placeholder each.
+    async def _encode(self, req: OmniRequest, t: Timings
+                      ) -> tuple[dict[str, np.ndarray], str, dict[str, np.ndarray]]:
+        """The encoders' outputs as thinker inputs, the prompt with one placeholder each,
+        and, for speech, the shapes of the media the thinker takes raw.
 
         A modality the family's thinker takes raw (`raw_media`) goes to it as the file:
-        an image as base64 (the `image` input vllm_backend defined), audio as bytes.
+        an image as base64 (the `image` input vllm_backend defined), audio as bytes. Its
+        talker's positions need the media's shapes, which the family's `raw_media_shapes`
+        reads from the same file (in a thread: the checkpoint's processor runs there).
         """
-        jobs, roles = [], []
+        jobs, roles, shape_jobs = [], [], []
         media: dict[str, np.ndarray] = {}
         kinds: list[Media] = []
         for role, kind, data, outputs in (
@@ -208,6 +215,8 @@ class OmniPipeline:
                 raw = base64.b64encode(data) if kind == "image" else data
                 media[LLM.IMAGE if kind == "image" else LLM.AUDIO] = np.array([raw],
                                                                               dtype=np.object_)
+                if req.wants_audio:
+                    shape_jobs.append(asyncio.to_thread(self._raw_shapes, kind, data))
                 continue
             jobs.append(self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
                                     outputs, t))
@@ -224,7 +233,21 @@ class OmniPipeline:
                 media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
                                                        dtype=np.int64).reshape(1, 3)
         prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
-        return media, prompt
+        shapes = {k: v for found in await asyncio.gather(*shape_jobs) for k, v in found.items()}
+        return media, prompt, shapes
+
+    def _raw_shapes(self, kind: str, data: bytes) -> dict[str, np.ndarray]:
+        """{image_grid_thw} / {audio_feature_lengths} of a raw media file ({} for a family
+        without raw media shapes)."""
+        family = families.get(self.cfg.family)
+        if family.raw_media_shapes is None:
+            return {}
+        if self._raw_media_shapes is None:
+            self._raw_media_shapes = families.load(family.raw_media_shapes)(self.cfg.tokenizer)
+        try:
+            return self._raw_media_shapes.shapes(kind, data)
+        except RequestError as e:  # the encoder's field name: the request's is the modality
+            raise RequestError(kind, e.message) from None
 
     # --- thinker ---------------------------------------------------------------------
     async def _think(self, req: OmniRequest, prompt: str | None, media: dict[str, np.ndarray],

@@ -54,6 +54,7 @@ FAMILY = Family(
     # transformers' Qwen3OmniMoeForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
     raw_media=("image", "audio"),
+    raw_media_shapes=f"{__name__}.media_shapes:load",
     speech=Qwen3OmniSpeech(),
     vllm_models={
         # the thinker stage's engine: vLLM's thinker, keeping accept_hidden_layer's output

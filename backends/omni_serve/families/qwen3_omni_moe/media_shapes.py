@@ -1,0 +1,46 @@
+"""The shapes of the media Qwen3-Omni's thinker takes raw, for its talker's positions.
+
+Runs in the orchestrator's stub. The thinker's own vLLM processor turns a raw image or sound
+file into its tokens; the talker's M-RoPE positions need the same shapes (an image's patch
+grid `image_grid_thw`, a clip's mel frames `audio_feature_lengths`), which the thinker does
+not return. They come from the checkpoint's own processor (Qwen3OmniMoeProcessor, the one
+vLLM runs) on the same decoded media, so they are the thinker's by construction. The media
+are decoded within the encoder stage's limits (omni_serve.encoder.media), as the thinker
+decodes them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from omni_serve.contract import LLM
+from omni_serve.encoder import media as media_files
+from omni_serve.encoder.config import MediaLimits
+
+
+class Qwen3OmniMediaShapes:
+    def __init__(self, folder: str):
+        from transformers import AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(folder)
+        rate = int(getattr(self.processor.feature_extractor, "sampling_rate", 16000))
+        self.limits = MediaLimits(sample_rate=rate)
+
+    def _processed(self, token: str, **media: Any) -> Any:
+        return self.processor(text=token, return_tensors="np", **media)
+
+    def shapes(self, kind: str, data: bytes) -> dict[str, np.ndarray]:
+        """{image_grid_thw: [1, 3]} of an image file, {audio_feature_lengths: [1]} of a sound
+        file (RequestError("media", ...) for one the thinker would refuse as well)."""
+        if kind == "image":
+            image = media_files.decode_image(data, self.limits)
+            grid = self._processed(self.processor.image_token, images=[image])["image_grid_thw"]
+            return {LLM.IMAGE_GRID_THW: np.asarray(grid, dtype=np.int64).reshape(1, 3)}
+        samples = media_files.decode_audio(data, self.limits)
+        mask = self._processed(self.processor.audio_token, audio=[samples])["feature_attention_mask"]
+        return {LLM.AUDIO_FEATURE_LENGTHS: np.asarray(mask, dtype=np.int64).sum(-1).reshape(1)}
+
+
+def load(folder: str) -> Qwen3OmniMediaShapes:
+    return Qwen3OmniMediaShapes(folder)
