@@ -157,6 +157,7 @@ class OmniPipeline:
         t = Timings()
         rows = ThinkerRows(self.speech) if req.wants_audio else None
         media: dict[str, np.ndarray] = {}
+        shapes: dict[str, np.ndarray] = {}  # of raw media, for the talker
         prompt = reply_ids = None
         if req.task == "speech":
             prompt_part, reply_ids = await self._read_aloud_prompt(req)
