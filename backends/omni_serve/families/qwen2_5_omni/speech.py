@@ -3,63 +3,26 @@
 Runs in the orchestrator's event loop. The thinker keeps its rows (input
 embedding + last hidden state) in a /dev/shm file it hands over; once its
 reply has 2 tokens (the talker's prefill reads reply token 0 fed back), one
-talker request names that file with the thinker's prompt ids and media grids.
+talker request names that file with the thinker's prompt ids and media grids
+(families/rows_feed.py, which Qwen3-Omni shares).
 The talker emits one code a step (`[frames, 1]`); Token2Wav takes a chunk's
 frames (`[frames, 1]`) with its left and right context counts.
 """
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 
-from omni_serve.contract import AUDIO, LLM, TALKER
-from omni_serve.families import DecoderChunk, ThinkerReply
+from omni_serve.contract import AUDIO
+from omni_serve.families import DecoderChunk
+from omni_serve.families.rows_feed import ThinkerRowsFeed
 
 
-def _text(value: str) -> np.ndarray:
-    return np.array([value.encode()], dtype=np.object_)
-
-
-class Qwen25OmniSpeech:
-    codec_groups = 1
-    # the thinker inputs that keep its rows for the talker
-    thinker_inputs = {
-        LLM.RETURN_HIDDEN_STATES: np.array([True]),
-        LLM.HIDDEN_STATES_IN_SHM: np.array([True]),
-        LLM.RETURN_INPUT_TOKEN_IDS: np.array([True]),
-    }
-    thinker_outputs = (LLM.HIDDEN_STATES_FILE, LLM.HIDDEN_STATES_ROWS, LLM.INPUT_TOKEN_IDS)
-    ready_after_tokens = 2
-
-    def talker_ready(self, reply: ThinkerReply) -> bool:
-        return (reply.file is not None and reply.prompt_ids is not None
-                and reply.reply_tokens >= self.ready_after_tokens)
-
-    def talker_inputs(self, reply: ThinkerReply, media: Mapping[str, np.ndarray],
-                      voice: str | None, sampling: dict[str, Any]) -> dict[str, np.ndarray]:
-        inputs = {
-            TALKER.THINKER_HIDDEN_STATES_FILE: _text(reply.file),
-            TALKER.PROMPT_TOKEN_IDS: np.array(reply.prompt_ids, dtype=np.int64),
-            TALKER.SAMPLING_PARAMETERS: _text(json.dumps(sampling)),
-        }
-        for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS):
-            if name in media:
-                inputs[name] = media[name]
-        if voice:
-            inputs[TALKER.VOICE] = _text(voice)
-        return inputs
+class Qwen25OmniSpeech(ThinkerRowsFeed):
+    codec_groups = 1  # one code a frame
 
     def decoder_inputs(self, chunk: DecoderChunk, seed: int,
                        voice: str | None) -> dict[str, np.ndarray]:
-        # [1, frames, 1]: the batch dimension, then one code a frame
-        inputs = {AUDIO.CODEC_IDS: np.asarray(chunk.frames, dtype=np.int64).reshape(1, -1, 1),
-                  AUDIO.CONTEXT_TOKENS: np.array([[chunk.context]], dtype=np.int32),
-                  AUDIO.LOOKAHEAD_TOKENS: np.array([[chunk.lookahead]], dtype=np.int32),
-                  AUDIO.CODE_OFFSET: np.array([[chunk.offset]], dtype=np.int64),
-                  AUDIO.SEED: np.array([[seed]], dtype=np.int64)}
+        inputs = {**self.chunk_inputs(chunk), AUDIO.SEED: np.array([[seed]], dtype=np.int64)}
         if voice:
             inputs[AUDIO.VOICE] = np.array([[voice.encode()]], dtype=np.object_)
         return inputs

@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 
 import numpy as np
 
 from omni_serve.llm.hidden_states import ended_rows, read_rows, rows_in
+from omni_serve.talker import step_feed
 
 log = logging.getLogger("vllm.omni_talker")
 
@@ -42,7 +42,6 @@ EXTRA_ARG = "omni_talker"
 SCHEDULER = "omni_serve.families.qwen2_5_omni.talker_engine.TalkerScheduler"
 EXTENSION = "omni_serve.families.qwen2_5_omni.talker_engine.TalkerExtension"
 RPC = "omni_install_talker_feed"
-IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
 # only capture files of a hidden-states directory (hidden_states.make_directory)
 _SOURCE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
 
@@ -52,10 +51,7 @@ def valid_source(path: str) -> bool:
 
 
 def feed_of(request) -> dict | None:
-    params = getattr(request, "sampling_params", None)
-    extra = getattr(params, "extra_args", None) or {}
-    feed = extra.get(EXTRA_ARG)
-    return feed if isinstance(feed, dict) else None
+    return step_feed.feed_of(request, EXTRA_ARG)
 
 
 def vector_ready(feed: dict, position: int) -> bool:
@@ -70,37 +66,13 @@ def vector_ready(feed: dict, position: int) -> bool:
 
 # --- the scheduler (engine-core process) -------------------------------------------------
 
-def _scheduler_base():
-    from vllm.v1.core.sched.scheduler import Scheduler
+class TalkerScheduler(step_feed.HoldingScheduler):
+    """vLLM's scheduler, minus the running requests whose next step's input the thinker has
+    not written yet (omni_serve.talker.step_feed)."""
 
-    return Scheduler
-
-
-class TalkerScheduler(_scheduler_base()):
-    """vLLM's scheduler, minus the running requests still waiting for their next vector."""
-
-    def schedule(self, *args, **kwargs):
-        held = [r for r in self.running if (f := feed_of(r)) and not vector_ready(
-            f, r.num_computed_tokens)]
-        if not held:
-            return super().schedule(*args, **kwargs)
-        ids = {id(r) for r in held}
-        order = list(self.running)
-        self.running = [r for r in order if id(r) not in ids]
-        # the held requests still hold their slots: admit no more than with them
-        saved = self.max_num_running_reqs, self.max_num_active_reqs
-        self.max_num_running_reqs -= len(held)
-        self.max_num_active_reqs -= len(held)
-        try:
-            out = super().schedule(*args, **kwargs)
-        finally:
-            self.max_num_running_reqs, self.max_num_active_reqs = saved
-            admitted = [r for r in self.running if r not in order]
-            kept = [r for r in order if r in self.running or id(r) in ids]
-            self.running = kept + admitted
-        if out.total_num_scheduled_tokens == 0 and not self.waiting:
-            time.sleep(IDLE_SLEEP_S)  # all wait on the thinker: do not spin the core
-        return out
+    def ready(self, request) -> bool:
+        feed = feed_of(request)
+        return feed is None or vector_ready(feed, request.num_computed_tokens)
 
 
 # --- the worker extension (worker process) -----------------------------------------------
@@ -110,13 +82,9 @@ class TalkerExtension:
 
     def omni_install_talker_feed(self) -> str:
         runner = getattr(self, "model_runner", None)
-        missing = [a for a in ("_model_forward", "execute_model", "input_batch", "requests")
-                   if not hasattr(runner, a)]
-        if missing:
-            return (f"the model runner {type(runner).__name__} has no {', '.join(missing)} "
-                    "(vLLM's V1 GPU/CPU runner is needed)")
-        if not hasattr(runner.model, "tail_embeds"):
-            return f"the model {type(runner.model).__name__} is not the omni talker"
+        problem = step_feed.runner_problem(runner, "tail_embeds", "the omni talker")
+        if problem:
+            return problem
         if getattr(runner, "_omni_talker_feed", None) is None:
             runner._omni_talker_feed = _StepFeed(runner)
             log.info("omni: talker reads the thinker's reply vectors (pid %d)", os.getpid())

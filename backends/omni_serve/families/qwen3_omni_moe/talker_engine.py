@@ -41,11 +41,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 
 import numpy as np
 
 from omni_serve.llm.hidden_states import ended_rows, read_rows, rows_in
+from omni_serve.talker import step_feed
 
 log = logging.getLogger("vllm.omni_talker")
 
@@ -58,7 +58,6 @@ CODE_DTYPE = np.dtype(np.int32)
 # transformers' code predictor when the talker samples (the talker's
 # prepare_inputs_for_generation): its own temperature 1, top-k 50, top-p 0.8
 RESIDUAL_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 0.8}
-IDLE_SLEEP_S = 0.001  # every running request waits on the thinker: poll again after this
 # only files of a hidden-states directory (hidden_states.make_directory)
 _SHM_FILE = re.compile(r"^/(dev/shm|tmp)/[^/]*omni_hs_[A-Za-z0-9_]+/[A-Za-z0-9_-]{1,64}$")
 
@@ -68,10 +67,7 @@ def valid_shm_file(path: str) -> bool:
 
 
 def feed_of(request) -> dict | None:
-    params = getattr(request, "sampling_params", None)
-    extra = getattr(params, "extra_args", None) or {}
-    feed = extra.get(EXTRA_ARG)
-    return feed if isinstance(feed, dict) else None
+    return step_feed.feed_of(request, EXTRA_ARG)
 
 
 def residual_settings(feed: dict, params) -> dict | None:
@@ -123,37 +119,13 @@ def read_codes(path: str, groups: int) -> np.ndarray:
 
 # --- the scheduler (engine-core process) -------------------------------------------------
 
-def _scheduler_base():
-    from vllm.v1.core.sched.scheduler import Scheduler
+class TalkerScheduler(step_feed.HoldingScheduler):
+    """vLLM's scheduler, minus the running requests whose next step's input the thinker has
+    not written yet (omni_serve.talker.step_feed)."""
 
-    return Scheduler
-
-
-class TalkerScheduler(_scheduler_base()):
-    """vLLM's scheduler, minus the running requests whose next frame's text is not there yet
-    (they keep their KV cache and slot; the rest of the batch goes on)."""
-
-    def schedule(self, *args, **kwargs):
-        held = [r for r in self.running if (f := feed_of(r)) and not text_ready(
-            f, r.num_computed_tokens)]
-        if not held:
-            return super().schedule(*args, **kwargs)
-        ids = {id(r) for r in held}
-        order = list(self.running)
-        self.running = [r for r in order if id(r) not in ids]
-        saved = self.max_num_running_reqs, self.max_num_active_reqs
-        self.max_num_running_reqs -= len(held)
-        self.max_num_active_reqs -= len(held)
-        try:
-            out = super().schedule(*args, **kwargs)
-        finally:
-            self.max_num_running_reqs, self.max_num_active_reqs = saved
-            admitted = [r for r in self.running if r not in order]
-            kept = [r for r in order if r in self.running or id(r) in ids]
-            self.running = kept + admitted
-        if out.total_num_scheduled_tokens == 0 and not self.waiting:
-            time.sleep(IDLE_SLEEP_S)  # all wait on the thinker: do not spin the core
-        return out
+    def ready(self, request) -> bool:
+        feed = feed_of(request)
+        return feed is None or text_ready(feed, request.num_computed_tokens)
 
 
 # --- the worker extension (worker process) -----------------------------------------------
@@ -163,13 +135,9 @@ class TalkerExtension:
 
     def omni_install_qwen3_talker_feed(self) -> str:
         runner = getattr(self, "model_runner", None)
-        missing = [a for a in ("_model_forward", "execute_model", "input_batch", "requests")
-                   if not hasattr(runner, a)]
-        if missing:
-            return (f"the model runner {type(runner).__name__} has no {', '.join(missing)} "
-                    "(vLLM's V1 GPU/CPU runner is needed)")
-        if not hasattr(runner.model, "code_predictor"):
-            return f"the model {type(runner.model).__name__} is not the Qwen3-Omni talker"
+        problem = step_feed.runner_problem(runner, "code_predictor", "the Qwen3-Omni talker")
+        if problem:
+            return problem
         if getattr(runner, "_omni_qwen3_talker_feed", None) is None:
             runner._omni_qwen3_talker_feed = _StepFeed(runner)
             log.info("omni: the Qwen3-Omni talker draws residual codes in the step (pid %d)",
