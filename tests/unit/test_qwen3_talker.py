@@ -233,8 +233,13 @@ def test_the_decode_steps_text_ids_give_transformers_trailing_text_rows(model, r
 def engine(checkpoint):
     from vllm import LLM, ModelRegistry
 
-    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the registration below reaches the worker
+    # the registration below reaches the worker in-process; and vLLM's CPU platform lets a
+    # VLLM_CPU_KVCACHE_SPACE in the environment (tests/integration/conftest.py sets one)
+    # override kv_cache_memory_bytes, which would leave the batch room enough never to be
+    # preempted
+    saved = {key: os.environ.pop(key, None)
+             for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     ModelRegistry.register_model(talker_prompt.ARCHITECTURE, talker_prompt.MODEL_CLASS)
     args = talker_prompt.engine_args({"model": str(checkpoint)})
     try:
@@ -243,10 +248,10 @@ def engine(checkpoint):
         llm = LLM(**args, enforce_eager=True, dtype="float32", max_model_len=64, max_num_seqs=4,
                   block_size=32, kv_cache_memory_bytes=KV_BYTES)
     finally:
-        if saved is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
     assert llm.collective_rpc(talker_engine.RPC) == [""]
     yield llm
     del llm
