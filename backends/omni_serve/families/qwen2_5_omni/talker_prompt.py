@@ -34,6 +34,7 @@ from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
 from omni_serve.families.qwen2_5_omni import talker_engine
 from omni_serve.llm import hidden_states
+from omni_serve.talker import step_feed
 from omni_serve.talker.request import TalkerInput
 
 ARCHITECTURE = "OmniTalkerForConditionalGeneration"  # registered by llm/vllm_models.py
@@ -52,26 +53,12 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
     talker's `embedding_size` (the width of what the talker reads), and its
     vocabulary is set to the talker's codec vocabulary here.
     """
-    import json as _json
-
-    overrides = dict(args.get("hf_overrides") or {})
-    overrides["architectures"] = [ARCHITECTURE]
-    config = _json.loads((Path(args["model"]) / "config.json").read_text())
+    config = json.loads((Path(args["model"]) / "config.json").read_text())
     vocab = config.get("talker_config", {}).get("vocab_size")
-    if vocab:
-        overrides["thinker_config"] = {"text_config": {"vocab_size": int(vocab)}}
-    return {
-        **args,
-        "hf_overrides": overrides,
-        "enable_prompt_embeds": True,
-        "skip_tokenizer_init": True,
-        # a cached block would skip the per-step reply vectors of another request
-        "enable_prefix_caching": False,
-        # the scheduler holds back requests whose next vector is not there yet
-        "async_scheduling": False,
-        "scheduler_cls": talker_engine.SCHEDULER,
-        "worker_extension_cls": talker_engine.EXTENSION,
-    }
+    return step_feed.engine_args(
+        args, architecture=ARCHITECTURE,
+        text_config={"vocab_size": int(vocab)} if vocab else {},
+        scheduler=talker_engine.SCHEDULER, extension=talker_engine.EXTENSION)
 
 
 def _weights_file(folder: Path, name: str) -> Path:
