@@ -71,27 +71,3 @@ class HoldingScheduler(_scheduler_base()):
         if out.total_num_scheduled_tokens == 0 and not self.waiting:
             time.sleep(IDLE_SLEEP_S)  # all wait on the thinker: do not spin the core
         return out
-
-
-def engine_args(args: dict[str, Any], *, architecture: str, text_config: dict[str, Any],
-                scheduler: str, extension: str) -> dict[str, Any]:
-    """vLLM engine arguments of a talker fed per step (the checkpoint folder as `model`):
-    the family's talker class as the architecture, `text_config` over the thinker's text
-    config (vLLM sizes prompt embeddings, logits and sampling masks from it), prompt
-    embeddings in, no tokenizer, and the family's scheduler and worker extension."""
-    overrides = dict(args.get("hf_overrides") or {})
-    overrides["architectures"] = [architecture]
-    if text_config:
-        overrides["thinker_config"] = {"text_config": text_config}
-    return {
-        **args,
-        "hf_overrides": overrides,
-        "enable_prompt_embeds": True,
-        "skip_tokenizer_init": True,
-        # a cached block would skip the per-step inputs of another request
-        "enable_prefix_caching": False,
-        # the scheduler holds back requests whose next step's input is not there yet
-        "async_scheduling": False,
-        "scheduler_cls": scheduler,
-        "worker_extension_cls": extension,
-    }

@@ -34,7 +34,6 @@ from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
 from omni_serve.families.qwen2_5_omni import talker_engine
 from omni_serve.llm import hidden_states
-from omni_serve.talker import step_feed
 from omni_serve.talker.request import TalkerInput
 
 ARCHITECTURE = "OmniTalkerForConditionalGeneration"  # registered by llm/vllm_models.py
@@ -53,12 +52,26 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
     talker's `embedding_size` (the width of what the talker reads), and its
     vocabulary is set to the talker's codec vocabulary here.
     """
-    config = json.loads((Path(args["model"]) / "config.json").read_text())
+    import json as _json
+
+    overrides = dict(args.get("hf_overrides") or {})
+    overrides["architectures"] = [ARCHITECTURE]
+    config = _json.loads((Path(args["model"]) / "config.json").read_text())
     vocab = config.get("talker_config", {}).get("vocab_size")
-    return step_feed.engine_args(
-        args, architecture=ARCHITECTURE,
-        text_config={"vocab_size": int(vocab)} if vocab else {},
-        scheduler=talker_engine.SCHEDULER, extension=talker_engine.EXTENSION)
+    if vocab:
+        overrides["thinker_config"] = {"text_config": {"vocab_size": int(vocab)}}
+    return {
+        **args,
+        "hf_overrides": overrides,
+        "enable_prompt_embeds": True,
+        "skip_tokenizer_init": True,
+        # a cached block would skip the per-step reply vectors of another request
+        "enable_prefix_caching": False,
+        # the scheduler holds back requests whose next vector is not there yet
+        "async_scheduling": False,
+        "scheduler_cls": talker_engine.SCHEDULER,
+        "worker_extension_cls": talker_engine.EXTENSION,
+    }
 
 
 def _weights_file(folder: Path, name: str) -> Path:

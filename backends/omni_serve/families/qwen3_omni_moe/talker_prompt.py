@@ -38,7 +38,6 @@ from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
 from omni_serve.families.qwen3_omni_moe import talker_engine
 from omni_serve.llm import hidden_states
-from omni_serve.talker import step_feed
 from omni_serve.talker.request import TalkerInput
 
 ARCHITECTURE = "Qwen3OmniTalkerForConditionalGeneration"  # what the vLLM registry knows it by
@@ -58,14 +57,26 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
     vLLM sizes prompt embeddings, logits and sampling masks from the text config, which
     for Qwen3-Omni is the thinker's: its shape fields are set to the talker decoder's.
     """
+    overrides = dict(args.get("hf_overrides") or {})
+    overrides["architectures"] = [ARCHITECTURE]
     config = json.loads((Path(args["model"]) / "config.json").read_text())
     text = config.get("talker_config", {}).get("text_config", {})
     shape = {k: text[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                   "num_attention_heads", "num_key_value_heads", "head_dim")
              if k in text}
-    return step_feed.engine_args(args, architecture=ARCHITECTURE, text_config=shape,
-                                 scheduler=talker_engine.SCHEDULER,
-                                 extension=talker_engine.EXTENSION)
+    overrides["thinker_config"] = {"text_config": shape}
+    return {
+        **args,
+        "hf_overrides": overrides,
+        "enable_prompt_embeds": True,
+        "skip_tokenizer_init": True,
+        # a cached block would skip the per-step inputs of another request
+        "enable_prefix_caching": False,
+        "async_scheduling": False,
+        # the scheduler holds back requests whose next frame's text is not there yet
+        "scheduler_cls": talker_engine.SCHEDULER,
+        "worker_extension_cls": talker_engine.EXTENSION,
+    }
 
 
 def assistant_start(prompt_ids: list[int], config) -> int:
