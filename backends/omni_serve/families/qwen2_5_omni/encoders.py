@@ -17,7 +17,6 @@ thinker-only one or a full Qwen2.5-Omni one (`thinker.`-prefixed).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.runner import EncoderOutput
 from omni_serve.errors import RequestError
+from omni_serve.families import checkpoint_tensors
 from omni_serve.families.qwen2_5_omni.media_tokens import Qwen25OmniMediaTokens
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -64,18 +64,7 @@ def load_thinker_config(model_dir: str | Path) -> Any:
 
 def thinker_tensor_files(model_dir: str | Path) -> tuple[dict[str, Path], str]:
     """({tensor name: safetensors file}, prefix of the thinker's tensors: "thinker." or "")."""
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = {name: model_dir / file for name, file in weight_map.items()}
-    else:
-        from safetensors import safe_open
-
-        files = {}
-        for path in sorted(model_dir.glob("*.safetensors")):
-            with safe_open(path, "pt") as f:
-                files.update(dict.fromkeys(f.keys(), path))
+    files = checkpoint_tensors.tensor_files(Path(model_dir))
     if not files:
         raise ValueError(f"{model_dir} has no safetensors weights")
     prefix = "thinker." if any(name.startswith("thinker.") for name in files) else ""
@@ -84,22 +73,12 @@ def thinker_tensor_files(model_dir: str | Path) -> tuple[dict[str, Path], str]:
 
 def load_thinker_module(model_dir: str | Path, module: str) -> dict[str, torch.Tensor]:
     """The state dict of the thinker's submodule `module` (e.g. "visual"), read alone."""
-    from safetensors import safe_open
-
     files, prefix = thinker_tensor_files(model_dir)
     head = f"{prefix}{module}."
-    by_file: dict[Path, list[str]] = {}
-    for name, path in files.items():
-        if name.startswith(head):
-            by_file.setdefault(path, []).append(name)
-    if not by_file:
+    names = [name for name in files if name.startswith(head)]
+    if not names:
         raise ValueError(f"{model_dir} has no {head}* weights")
-    state = {}
-    for path, names in by_file.items():
-        with safe_open(path, "pt") as f:
-            for name in names:
-                state[name[len(head):]] = f.get_tensor(name)
-    return state
+    return checkpoint_tensors.read_tensors(files, names, strip=head)
 
 
 def load_vision_tower(cfg: EncoderStageConfig, thinker_config: Any) -> torch.nn.Module:

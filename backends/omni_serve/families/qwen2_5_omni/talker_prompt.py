@@ -23,7 +23,6 @@ end, never samples codec bos.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 
 from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
+from omni_serve.families.checkpoint_tensors import read_rows
 from omni_serve.families.qwen2_5_omni import talker_engine
 from omni_serve.llm import hidden_states
 from omni_serve.talker.request import TalkerInput
@@ -72,23 +72,6 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
     }
-
-
-def _weights_file(folder: Path, name: str) -> Path:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return folder / json.loads(index.read_text())["weight_map"][name]
-    return folder / "model.safetensors"
-
-
-def _rows(folder: Path, name: str, ids: list[int]):
-    """Rows `ids` of the checkpoint tensor `name`, as float32 (reads only those rows)."""
-    import torch
-    from safetensors import safe_open
-
-    with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
-        part = f.get_slice(name)
-        return torch.stack([part[i:i + 1][0] for i in ids]).float().numpy()
 
 
 class _RopeIndex:
@@ -147,10 +130,10 @@ class TalkerPrompter:
         self.default_voice = ("Chelsie" if "Chelsie" in self.voice_tokens
                               else next(iter(self.voice_tokens)))
         names = list(self.voice_tokens)
-        self._bos = dict(zip(names, _rows(self.folder, "thinker.model.embed_tokens.weight",
+        self._bos = dict(zip(names, read_rows(self.folder, "thinker.model.embed_tokens.weight",
                                           [self.voice_tokens[n] for n in names]), strict=True))
         pad, bos = talker.tts_codec_pad_token_id, talker.tts_codec_start_token_id
-        self._codec_pad, self._codec_bos = _rows(self.folder, "talker.model.embed_tokens.weight",
+        self._codec_pad, self._codec_bos = read_rows(self.folder, "talker.model.embed_tokens.weight",
                                                  [pad, bos])
         self.media_ids = {talker.image_token_index, talker.audio_token_index,
                           talker.video_token_index}

@@ -50,13 +50,12 @@ import torch
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.noise import prefix_stable, utterance_noise
 from omni_serve.audio.request import AudioRequest, ChunkContext
+from omni_serve.families import checkpoint_tensors
 from omni_serve.families.qwen2_5_omni.token2wav_context import dit_context_codes
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 SPEAKER_DICT = "spk_dict.pt"  # the voices: name -> {"cond", "ref_mel", "bos_token"}
 TOKEN2WAV_PREFIX = "token2wav."
 # The older stand-alone layout (a Token2Wav folder of its own, omni_tools.tiny_token2wav).
@@ -239,24 +238,7 @@ def load_token2wav(folder: Path, device: str = "cpu") -> tuple[Any, dict[str, Vo
 
 def read_prefixed_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
     """The `prefix*` tensors of the folder's safetensors weights, prefix stripped; reads only those."""
-    from safetensors import safe_open
-
-    index = folder / WEIGHTS_INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files: dict[str, list[str]] = {}
-        for name, file in weight_map.items():
-            if name.startswith(prefix):
-                files.setdefault(file, []).append(name)
-    elif (folder / WEIGHTS_FILE).is_file():
-        files = {WEIGHTS_FILE: None}  # type: ignore[dict-item]  # every prefixed key of the one file
-    else:
-        raise FileNotFoundError(f"{folder} has neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX}")
-    state = {}
-    for file, names in files.items():
-        with safe_open(str(folder / file), "pt") as f:
-            for name in names if names is not None else [k for k in f.keys() if k.startswith(prefix)]:
-                state[name[len(prefix):]] = f.get_tensor(name)
+    state = checkpoint_tensors.read_prefixed(folder, prefix)
     if not state:
         raise ValueError(f"{folder} has no {prefix}* weights: this checkpoint does not ship Token2Wav")
     return state

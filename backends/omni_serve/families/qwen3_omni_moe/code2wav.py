@@ -50,13 +50,12 @@ import torch
 
 from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import AudioRequest, ChunkContext
+from omni_serve.families import checkpoint_tensors
 from omni_serve.families.qwen3_omni_moe.code2wav_context import Field, receptive_field
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 CODE2WAV_PREFIX = "code2wav."
 SAMPLE_RATE = 24_000  # the model's output rate (Qwen3-Omni's model card)
 SAMPLER_SETTINGS = ("num_steps", "guidance_scale", "sway_coefficient")
@@ -199,24 +198,7 @@ def load_code2wav(folder: Path) -> Any:
 def read_code2wav_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """The `code2wav.*` tensors of the folder's safetensors weights, prefix stripped; only the
     shards that hold them are opened, and only those tensors read."""
-    from safetensors import safe_open
-
-    index = folder / WEIGHTS_INDEX
-    if index.is_file():
-        files: dict[str, list[str] | None] = {}
-        for name, file in json.loads(index.read_text())["weight_map"].items():
-            if name.startswith(CODE2WAV_PREFIX):
-                files.setdefault(file, []).append(name)  # type: ignore[union-attr]
-    elif (folder / WEIGHTS_FILE).is_file():
-        files = {WEIGHTS_FILE: None}  # every code2wav.* key of the one file
-    else:
-        raise FileNotFoundError(f"{folder} has neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX}")
-    state = {}
-    for file, names in files.items():
-        with safe_open(str(folder / file), "pt") as f:
-            keys = names if names is not None else [k for k in f.keys() if k.startswith(CODE2WAV_PREFIX)]
-            for name in keys:
-                state[name[len(CODE2WAV_PREFIX):]] = f.get_tensor(name)
+    state = checkpoint_tensors.read_prefixed(folder, CODE2WAV_PREFIX)
     if not state:
         raise ValueError(f"{folder} has no {CODE2WAV_PREFIX}* weights: this checkpoint does not ship "
                          "Code2Wav (a thinker-only Qwen3-Omni cannot speak)")

@@ -36,6 +36,7 @@ import numpy as np
 
 from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
+from omni_serve.families.checkpoint_tensors import read_rows, read_tensors, shards
 from omni_serve.families.qwen3_omni_moe import talker_engine
 from omni_serve.llm import hidden_states
 from omni_serve.talker.request import TalkerInput
@@ -113,32 +114,11 @@ def trailing_text_ids(prompt_ids: list[int], reply_ids: list[int], config) -> li
             for j, t in enumerate(ids)]
 
 
-def _weights_file(folder: Path, name: str) -> Path:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return folder / json.loads(index.read_text())["weight_map"][name]
-    return folder / "model.safetensors"
-
-
-def _rows(folder: Path, name: str, ids: list[int]) -> np.ndarray:
-    """Rows `ids` of the checkpoint tensor `name`, as float32 (reads only those rows)."""
-    import torch
-    from safetensors import safe_open
-
-    with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
-        part = f.get_slice(name)
-        return torch.stack([part[i:i + 1][0] for i in ids]).float().numpy()
-
-
 def _tensors(folder: Path, names: list[str]) -> dict:
+    """The checkpoint tensors `names`, as float32."""
     import torch
-    from safetensors import safe_open
 
-    out = {}
-    for name in names:
-        with safe_open(str(_weights_file(folder, name)), framework="pt") as f:
-            out[name] = f.get_tensor(name).to(torch.float32)
-    return out
+    return {name: t.to(torch.float32) for name, t in read_tensors(shards(folder, names), names).items()}
 
 
 class _RopeIndex:
@@ -199,7 +179,7 @@ class TalkerPrompter:
             for mlp in ("text_projection", "hidden_projection"))
         self._thinker_embed = None  # the whole table, loaded only to build prompts from ids
         with torch.no_grad():
-            self._pad_bos = self.projection(torch.as_tensor(_rows(
+            self._pad_bos = self.projection(torch.as_tensor(read_rows(
                 self.folder, THINKER_EMBED, [config.tts_pad_token_id, config.tts_bos_token_id])))
         self.codec_embed = torch.nn.Embedding.from_pretrained(weights[CODEC_EMBED])
         self.stop_ids = [talker.codec_eos_token_id]
