@@ -30,6 +30,14 @@ def load(folder: str | Path) -> tuple[Any, Any]:
     from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
 
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32)
+    talker = model.talker.config if hasattr(model, "talker") else None  # none: Thinking
+    if talker is not None and not hasattr(talker, "audio_config"):
+        # transformers 5.19's talker computes its prompt's M-RoPE positions with the
+        # thinker's get_rope_index, which reads config.audio_config.n_window when the
+        # prompt holds audio and an image or video; the talker's config has none, so
+        # speech about both raised AttributeError. The thinker's audio config is the one
+        # that function reads for the same positions in the thinker.
+        talker.audio_config = model.config.thinker_config.audio_config
     return model.eval(), AutoProcessor.from_pretrained(str(folder))
 
 

@@ -18,10 +18,13 @@ last layer's, or one with deepstack, gives the talker another prompt and other c
 """
 from __future__ import annotations
 
+import functools
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 import yaml
 from PIL import Image
@@ -29,7 +32,8 @@ from PIL import Image
 from omni_tools.tiny_models import ensure_model
 from tests.qwen3_reference import load, processor_inputs, reference
 
-from .omni_io import png, run_omni, tone, wav
+from .llm_io import cancel_limit, metric, wait_idle
+from .omni_io import OmniResult, OmniStream, absorb, omni_inputs, png, run_omni, tone, wav
 from .servers import gen_repo, loaded
 
 pytestmark = pytest.mark.integration
@@ -48,7 +52,7 @@ def folder() -> str:
 
 
 @pytest.fixture(scope="module")
-def url(text_chat_server, folder, tmp_path_factory):
+def server(text_chat_server, folder, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3-omni")
     spec = {"pipeline": "qwen3-omni-chat", "entry": OMNI_MODEL, "stages": {
         THINKER: {"backend": "omni_llm", "model": folder, "engine_args": {
@@ -64,7 +68,12 @@ def url(text_chat_server, folder, tmp_path_factory):
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
     with loaded(text_chat_server, repo, [(THINKER, TALKER, DECODER), OMNI_MODEL]) as server:
-        yield server.grpc_url
+        yield server
+
+
+@pytest.fixture(scope="module")
+def url(server) -> str:
+    return server.grpc_url
 
 
 def _reference(folder: str, image: bytes | None, audio) -> str:
@@ -104,17 +113,17 @@ def test_the_reply_equals_qwen3_omni_in_transformers(url, folder, case):
 SEA = "say something about the sea"
 
 
-@pytest.fixture(scope="module")
-def sea_reference(folder):
-    return reference(folder, [{"role": "user", "content": [{"type": "text", "text": SEA}]}],
-                     speaker="ethan", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
+@functools.lru_cache(maxsize=8)
+def _spoken(folder: str, question: str, speaker: str):
+    return reference(folder, [{"role": "user", "content": [{"type": "text", "text": question}]}],
+                     speaker=speaker, seed=SEED, max_new_tokens=GREEDY["max_tokens"],
                      talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
 
 
 @pytest.mark.parametrize("stream_audio", [False, True], ids=["whole", "streamed"])
-def test_speech_equals_qwen3_omni_in_transformers(url, folder, sea_reference, stream_audio):
+def test_speech_equals_qwen3_omni_in_transformers(url, folder, stream_audio):
     question = SEA
-    want_ids, want_codes, want_wave = sea_reference
+    want_ids, want_codes, want_wave = _spoken(folder, SEA, "ethan")
     assert len(want_codes) > 1, "the reference talker produced no frames"
     result = run_omni(url, model=OMNI_MODEL, text=question, modalities=["text", "audio"],
                       sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="ethan",
@@ -131,27 +140,116 @@ def test_speech_equals_qwen3_omni_in_transformers(url, folder, sea_reference, st
     assert np.abs(result.audio - want_wave).max() < 1e-4
 
 
-def test_speech_about_an_image_equals_qwen3_omni_in_transformers(url, folder):
-    """The talker's prompt holds the image's rows at the thinker's M-RoPE positions, which
-    need the image's grid (the orchestrator reads it with the checkpoint's processor)."""
-    image = png(300, 200, seed=2)
-    part = {"type": "image", "image": Image.open(io.BytesIO(image)).convert("RGB")}
+def _heard(samples: np.ndarray) -> np.ndarray:
+    """What the server hears of `samples` sent as a WAV file (16-bit PCM)."""
+    return sf.read(io.BytesIO(wav(samples)), dtype="float32")[0]
+
+
+# Speech about media, each with its speaker. The tiny random talker's logits are nearly
+# flat, so some inputs put two codes within 1e-3 of each other at some step, where the
+# fp32 sums of vLLM and transformers may pick either; these inputs' reference choices all
+# win by more than 1.5e-3 (tools: a forward hook on every head, top-1 minus top-2).
+MEDIA_SPEECH = {
+    "image": (png(300, 200, seed=2), None, "chelsie"),
+    "audio": (None, tone(1.0, freq=220.0), "ethan"),
+    "image + audio": (png(300, 200, seed=2), tone(1.0, freq=180.0), "ethan"),
+}
+
+
+@pytest.mark.parametrize("case", MEDIA_SPEECH)
+def test_speech_about_media_equals_qwen3_omni_in_transformers(url, folder, case):
+    """The talker's prompt holds the media's rows at the thinker's M-RoPE positions, which
+    need the image's grid and the audio's length (the orchestrator reads them with the
+    checkpoint's processor)."""
+    image, audio, speaker = MEDIA_SPEECH[case]
+    parts = ([{"type": "audio", "audio": _heard(audio)}] if audio is not None else []) + (
+        [{"type": "image", "image": Image.open(io.BytesIO(image)).convert("RGB")}] if image else [])
     want_ids, want_codes, want_wave = reference(
-        folder, [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}],
-        speaker="chelsie", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
+        folder, [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}],
+        speaker=speaker, seed=SEED, max_new_tokens=GREEDY["max_tokens"],
         talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
     result = run_omni(url, model=OMNI_MODEL, text=QUESTION, modalities=["text", "audio"],
-                      sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="chelsie",
-                      return_codec_ids=True, image=image)
+                      sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice=speaker,
+                      return_codec_ids=True, image=image,
+                      audio=wav(audio) if audio is not None else None)
     assert result.error is None, result.error
+    text = load(folder)[1].tokenizer.decode(want_ids, skip_special_tokens=True)
+    assert result.text == text.removesuffix("\ufffd")
     assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
     assert np.abs(result.audio - want_wave).max() < 1e-4
 
 
-def test_an_openai_voice_speaks_with_its_mapped_speaker(url):
-    runs = [run_omni(url, model=OMNI_MODEL, text="hello there", modalities=["text", "audio"],
-                     sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice=voice,
-                     stream_audio=False, return_codec_ids=True) for voice in ("onyx", "ethan", "chelsie")]
-    assert all(r.error is None for r in runs), [r.error for r in runs]
-    onyx, ethan, chelsie = runs
-    assert onyx.codec_ids == ethan.codec_ids and onyx.codec_ids != chelsie.codec_ids
+# (question, voice, the config's speaker it names, stream_audio); onyx is OpenAI's name
+# mapped to ethan (the family's voice_map)
+TOGETHER = [(SEA, "aiden", "aiden", False), ("hello there", "chelsie", "chelsie", True),
+            (SEA, "onyx", "ethan", True), ("hello there", "ethan", "ethan", False)]
+
+
+@pytest.mark.parametrize("concurrency", [2, 4])
+def test_every_speaker_together_equals_qwen3_omni_in_transformers(url, folder, concurrency):
+    """Each of several requests at once (a continuous batch in the talker, a dynamic one in
+    Code2Wav) equals transformers alone, for each speaker of the checkpoint and for an
+    OpenAI voice name."""
+    requests = TOGETHER[:concurrency]
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda r: run_omni(
+            url, model=OMNI_MODEL, text=r[0], modalities=["text", "audio"], sampling=GREEDY,
+            talker_sampling=GREEDY_TALKER, seed=SEED, voice=r[1], stream_audio=r[3],
+            return_codec_ids=True), requests))
+    for (question, voice, speaker, _), result in zip(requests, results, strict=True):
+        assert result.error is None, (voice, result.error)
+        want_ids, want_codes, want_wave = _spoken(folder, question, speaker)
+        assert result.codec_ids == want_codes.tolist(), voice
+        assert np.abs(result.audio - want_wave).max() < 1e-4, voice
+    # the speakers matter: the same question in another voice is other speech
+    assert _spoken(folder, SEA, "aiden")[1].tolist() != _spoken(folder, SEA, "ethan")[1].tolist()
+
+
+def test_first_audio_comes_before_a_long_reply_ends(url):
+    """Pipelined: the talker speaks the reply's first tokens while the thinker still writes."""
+    long = {"temperature": 0, "max_tokens": 1000, "ignore_eos": True}
+    stream = OmniStream(url, OMNI_MODEL)
+    stream.send(omni_inputs("tell me a long story", modalities=["text", "audio"], sampling=long,
+                            seed=SEED))
+    result = OmniResult()
+    try:
+        while "audio" not in result.kinds:  # until the first audio chunk
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(result, response), "the request ended before any audio"
+        while result.kinds[-1] != "text":  # then more text: the reply was not finished yet
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(result, response), "the text ended with the first audio"
+    finally:
+        stream.close(cancel=True)
+    assert result.finish_reason is None and len(result.deltas) < long["max_tokens"] / 2
+    assert result.sample_rate == 24000
+
+
+def _generated(server, model: str) -> float:
+    return metric(server.metrics(), "omni_llm_generation_tokens_total", model)
+
+
+def test_cancelling_mid_speech_leaves_every_engine_idle(server, url):
+    thinker_before, talker_before = _generated(server, THINKER), _generated(server, TALKER)
+    long = {"temperature": 0, "max_tokens": 1500, "ignore_eos": True}
+    stream = OmniStream(url, OMNI_MODEL)
+    stream.send(omni_inputs("speak for a long time", modalities=["audio"], sampling=long))
+    sent = OmniResult()  # what had reached the client when it cancelled
+    try:
+        while "audio" not in sent.kinds:  # the talker and Code2Wav run: mid-speech
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(sent, response), "the request ended before any audio"
+        stream.received(sent)
+    finally:
+        stream.close(cancel=True)
+    idle = wait_idle(server, (THINKER, TALKER), (OMNI_MODEL,))
+    assert not any(idle.values()), idle  # so no token comes after the counts below
+    # Both engines stopped early: of what the thinker had left when the client cancelled,
+    # it generated less than half; the talker (a frame per reply token) likewise.
+    thinker = _generated(server, THINKER) - thinker_before
+    assert 0 < thinker < cancel_limit(len(sent.deltas), long["max_tokens"]), len(sent.deltas)
+    assert _generated(server, TALKER) - talker_before < long["max_tokens"] / 2
+    assert run_omni(url, model=OMNI_MODEL, text="still there?", sampling=GREEDY).error is None

@@ -121,14 +121,29 @@ def _tensors(folder: Path, names: list[str]) -> dict:
     return {name: t.to(torch.float32) for name, t in read_tensors(shards(folder, names), names).items()}
 
 
-class _RopeIndex:
-    """transformers' Qwen3-Omni `get_rope_index`, bound to the talker config."""
+class _WithAudioConfig:
+    """The talker config, plus the thinker's `audio_config`."""
 
-    def __init__(self, config):
+    def __init__(self, talker, audio_config):
+        self._talker, self.audio_config = talker, audio_config
+
+    def __getattr__(self, name: str):
+        return getattr(self._talker, name)
+
+
+class _RopeIndex:
+    """transformers' Qwen3-Omni `get_rope_index`, bound to the talker config.
+
+    For audio beside an image or video it reads `config.audio_config.n_window`, which the
+    talker's config lacks (transformers 5.19's own talker raises AttributeError there):
+    it gets the thinker's, the audio encoder that made those rows, so the talker's
+    positions are the thinker's."""
+
+    def __init__(self, config, audio_config):
         from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
 
         base = m.Qwen3OmniMoePreTrainedModelForConditionalGeneration
-        self.config = config
+        self.config = _WithAudioConfig(config, audio_config)
         self.spatial_merge_size = config.spatial_merge_size
         self._index = base.get_rope_index.__get__(self)
         self.get_llm_pos_ids_for_vision = base.get_llm_pos_ids_for_vision.__get__(self)
@@ -187,7 +202,7 @@ class TalkerPrompter:
         self.allowed_ids = [i for i in range(self.vocab_size) if i < top or i in self.stop_ids]
         self.voices = {name.lower(): int(i) for name, i in (talker.speaker_id or {}).items()}
         self.media_ids = {talker.audio_token_id, talker.image_token_id, talker.video_token_id}
-        self._rope = _RopeIndex(talker)
+        self._rope = _RopeIndex(talker, config.thinker_config.audio_config)
 
     @staticmethod
     async def check(engine) -> list[str]:
