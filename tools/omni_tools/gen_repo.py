@@ -455,8 +455,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("spec", nargs="?", type=Path, help="pipeline spec (YAML)")
     parser.add_argument("--preset", metavar="NAME", help="use a shipped spec (see --list-presets)")
     parser.add_argument("--model", metavar="DIR", type=Path,
-                        help="with --preset omni-chat: a Qwen2.5-Omni checkpoint folder as the hub "
-                             "ships it; every stage reads its part of it")
+                        help="with --preset omni-chat: an omni checkpoint folder as the hub ships it "
+                             "(Qwen2.5-Omni, Qwen3-Omni Instruct, Thinking or Captioner); every "
+                             "stage reads its part of it")
     parser.add_argument("-o", "--output", metavar="DIR", type=Path,
                         help="model repository folder to write")
     parser.add_argument("--check", action="store_true", help="validate only; write nothing")
