@@ -198,11 +198,14 @@ TALKER_CONTRACT = StageContract(
     decoupled=True,
     batching="engine",
     inputs=(
-        TensorSpec(TALKER.THINKER_HIDDEN_STATES_FILE, "TYPE_STRING", (1,),
-                   doc="the hidden_states_file a thinker stage on this host handed over "
-                       "(hidden_states_in_shm); its rows are read as the thinker writes them"),
-        TensorSpec(TALKER.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,),
-                   doc="the thinker's input_token_ids (its prompt as its engine saw it)"),
+        # These two are required of every generation request (the stage says which is
+        # missing, INVALID_ARG); optional to Triton so that a control request (the
+        # omni_abort parameter, no tensors) reaches the stage, as on omni_llm.
+        TensorSpec(TALKER.THINKER_HIDDEN_STATES_FILE, "TYPE_STRING", (1,), optional=True,
+                   doc="required: the hidden_states_file a thinker stage on this host handed "
+                       "over (hidden_states_in_shm); its rows are read as the thinker writes them"),
+        TensorSpec(TALKER.PROMPT_TOKEN_IDS, "TYPE_INT64", (-1,), optional=True,
+                   doc="required: the thinker's input_token_ids (its prompt as its engine saw it)"),
         TensorSpec(TALKER.IMAGE_GRID_THW, "TYPE_INT64", (-1, 3), optional=True,
                    doc="each image's (t, h, w) patch grid of the thinker's prompt"),
         TensorSpec(TALKER.AUDIO_FEATURE_LENGTHS, "TYPE_INT64", (-1,), optional=True,

@@ -65,5 +65,12 @@ def test_codes_are_frames_by_groups_and_merge_in_order():
 def test_the_contract_streams_codec_ids_as_frames_by_groups():
     assert TALKER_CONTRACT.decoupled and TALKER_CONTRACT.batching == "engine"
     assert TALKER_CONTRACT.output(TALKER.CODEC_IDS).dims == (-1, -1)
-    required = {s.name for s in TALKER_CONTRACT.inputs if not s.optional}
-    assert required == {TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS}
+    # every input is optional to Triton, so that an abort control request (no tensors)
+    # reaches the stage; the stage requires these two of a generation request
+    assert all(s.optional for s in TALKER_CONTRACT.inputs)
+    for missing in (TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS):
+        tensors = {TALKER.THINKER_HIDDEN_STATES_FILE: np.array([b"/dev/shm/x"], dtype=object),
+                   TALKER.PROMPT_TOKEN_IDS: np.array([1, 2], dtype=np.int64)}
+        del tensors[missing]
+        with pytest.raises(RequestError, match=missing):
+            parse_request("r", tensors)
