@@ -95,7 +95,8 @@ def loaded(server: TritonServer, repo: Path, models: Sequence[str | Sequence[str
     model control) and loaded in that order, a group (a tuple of names) at once; on exit
     unloaded in the reverse order, each group at once, their processes ended and their
     folders removed, so the server is as it was. Triton loads several models at once
-    (`--model-load-thread-count`), and engines pinned to other cores load side by side."""
+    (`--model-load-thread-count`), and engines pinned to other cores load side by side;
+    an orchestrator may load with its stages (it reaches them per request, not at load)."""
     groups = [(m,) if isinstance(m, str) else tuple(m) for m in models]
     added: list[tuple[str, ...]] = []
 

@@ -67,7 +67,7 @@ def server(text_chat_server, folder, tmp_path_factory):
             "thinker": THINKER, "talker": TALKER, "audio_decoder": DECODER}}}}}
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
-    with loaded(text_chat_server, repo, [(THINKER, TALKER, DECODER), OMNI_MODEL]) as server:
+    with loaded(text_chat_server, repo, [(THINKER, TALKER, DECODER, OMNI_MODEL)]) as server:
         yield server
 
 

@@ -78,7 +78,7 @@ def server(text_chat_server, tmp_path_factory):
     (root / "spec.yaml").write_text(yaml.safe_dump(_spec(), sort_keys=False))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
     # explicit model control: the last test unloads an engine and loads it again
-    with loaded(text_chat_server, repo, [ENGINES, "omni"]) as s:  # the engines side by side
+    with loaded(text_chat_server, repo, [(*ENGINES, "omni")]) as s:  # side by side
         yield s
 
 

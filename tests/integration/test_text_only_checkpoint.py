@@ -70,8 +70,7 @@ def folder_and_server(request, text_to_image_server, tmp_path_factory):
     # the session's omni-chat server already runs: an eager engine loads in half the time
     engine = repo / "llm" / "engine.json"
     engine.write_text(json.dumps({**json.loads(engine.read_text()), "enforce_eager": True}))
-    with loaded(text_to_image_server, repo,
-                [tuple(s for s in stages if s != "omni"), "omni"]) as server:
+    with loaded(text_to_image_server, repo, [stages]) as server:
         yield request.param, folder, server
 
 
