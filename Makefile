@@ -3,7 +3,10 @@
 SHELL := /bin/bash
 VENV := .venv
 PRESET ?= omni-chat
-REPO := model_repository/build/$(PRESET)
+# MODEL: a checkpoint folder for the preset (omni-chat: Qwen2.5-Omni or Qwen3-Omni as the
+# hub ships it), or tiny:<name>, e.g. make serve MODEL=tiny:qwen3-omni-tiny
+MODEL ?=
+REPO := model_repository/build/$(PRESET)$(if $(MODEL),-$(notdir $(subst :,/,$(MODEL))))
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
@@ -14,7 +17,7 @@ setup:
 	@bash tools/setup.sh
 
 repo: setup
-	$(VENV)/bin/omni-gen-repo --preset $(PRESET) -o $(REPO)
+	$(VENV)/bin/omni-gen-repo --preset $(PRESET) $(if $(MODEL),--model $(MODEL)) -o $(REPO)
 
 serve: repo
 	$(VENV)/bin/tritonserver --model-repository=$(REPO) \

@@ -180,3 +180,18 @@ def test_a_qwen3_omni_thinking_folder_serves_text_without_the_speech_stages(tmp_
     assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["llm", "omni", "text_to_image"]
     assert "note: audio_decoder, talker left out, the repository serves text" in text
     assert "no talker.* weights, which the talker stage needs" in text
+
+
+def test_a_built_in_tiny_checkpoint_is_named_tiny_colon_name(tmp_path, capsys):
+    """`make serve MODEL=tiny:qwen3-omni-tiny`: the folder is built once and every stage
+    reads it; an unknown name is an error naming --model."""
+    code, text = run(["--preset", "omni-chat", "--model", "tiny:qwen3-omni-tiny",
+                      "-o", tmp_path / "repo"], capsys)
+    assert code == 0, text
+    folder = tm.ensure_model("qwen3-omni-tiny")
+    for stage in ("llm", "talker", "audio_decoder"):
+        engine = json.loads((tmp_path / "repo" / stage / "engine.json").read_text())
+        assert engine["model"] == str(folder)
+    code, text = run(["--preset", "omni-chat", "--model", "tiny:no-such-model",
+                      "-o", tmp_path / "other"], capsys)
+    assert code == 2 and "--model" in text and "no-such-model" in text

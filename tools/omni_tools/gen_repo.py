@@ -49,6 +49,7 @@ from .spec import (
     PipelineSpec,
     SpecError,
     StageSpec,
+    check_tiny_name,
     list_presets,
     load_preset,
     load_spec,
@@ -56,6 +57,7 @@ from .spec import (
     resolve_model_path,
     role_targets,
     stage_config_class,
+    tiny_model_name,
     tiny_models_module,
 )
 from .triton_versions import (
@@ -456,7 +458,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", metavar="NAME", help="use a shipped spec (see --list-presets)")
     parser.add_argument("--model", metavar="DIR", type=Path,
                         help="with --preset omni-chat: an omni checkpoint folder as the hub ships it "
-                             "(Qwen2.5-Omni, Qwen3-Omni Instruct, Thinking or Captioner); every "
+                             "(Qwen2.5-Omni, Qwen3-Omni Instruct, Thinking or Captioner), or "
+                             "tiny:<name> for a built-in one (tiny:qwen3-omni-tiny); every "
                              "stage reads its part of it")
     parser.add_argument("-o", "--output", metavar="DIR", type=Path,
                         help="model repository folder to write")
@@ -573,6 +576,13 @@ def _preset_with_model(name: str, folder: Path) -> PipelineSpec:
     """The preset, its checkpoint replaced by `folder` (checked first)."""
     source = f"preset {name} --model {folder}"
     load_preset(name)  # an unknown name lists the presets
+    tiny = tiny_model_name(str(folder))
+    if tiny is not None:  # a built-in tiny checkpoint, e.g. tiny:qwen3-omni-tiny
+        try:
+            check_tiny_name(tiny)
+        except ValueError as e:
+            raise SpecError(source, [f"--model: {e}"]) from e
+        folder = tiny_models_module().ensure_model(tiny)
     data = yaml.safe_load((SPECS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
     before = set(data["stages"])
     role_of = {target: role for stage in data["stages"].values()

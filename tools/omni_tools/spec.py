@@ -139,7 +139,7 @@ def resolve_model_path(model: str, base_dir: Path, marker: str = "config.json") 
     return path
 
 
-def _check_tiny_name(name: str) -> None:
+def check_tiny_name(name: str) -> None:
     try:
         known = tiny_models_module().TINY_MODELS
     except ImportError as e:
@@ -296,7 +296,7 @@ class StageSpec(_Strict):
             raise ValueError("required: a checkpoint directory or tiny:<name>")
         name = tiny_model_name(model)
         if name is not None:
-            _check_tiny_name(name)
+            check_tiny_name(name)
         else:
             backend = info.data.get("backend")
             marker = CONTRACTS[backend].checkpoint_marker if backend in CONTRACTS else "config.json"

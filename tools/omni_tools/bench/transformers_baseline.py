@@ -144,12 +144,9 @@ QWEN3 = Family(
              "= talker_max_new_tokens (frames of 16 codes; codec_eos held back)"),
     batch_markers=("talker_codes.shape[0] == 1", "talker_code_lengths"),
     batch_note="one waveform per row, cut at its own length after one Code2Wav decode",
-    # the preset as omni-gen-repo --model writes it does not start: the talker's vLLM
-    # engine fails in torch.compile (ConstraintViolationError: inputs_embeds' first dim
-    # specialized to 2048 in vLLM's M-RoPE forward_native); the Qwen3 goldens run it eager
-    served_engine_args={"talker": {"enforce_eager": True}},
-    served_note=("The served Qwen3-Omni talker runs eager (enforce_eager: the preset as "
-                 "omni-gen-repo writes it fails to start its talker in torch.compile)."))
+    served_note=("The served Qwen3-Omni talker runs eager (its family's engine arguments: "
+                 "vLLM 0.32's torch.compile of that decoder fails at load); the thinker is "
+                 "compiled."))
 
 
 @dataclass(frozen=True)
