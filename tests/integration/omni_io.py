@@ -181,6 +181,31 @@ def absorb(result: OmniResult, response) -> bool:
     return bool(final and final.bool_param)
 
 
+def audio_amid_text(url: str, model: str = MODEL, *, seed: int = 7,
+                    max_tokens: int = 1000) -> OmniResult:
+    """A long spoken reply read until its first audio chunk and then more text (so the
+    audio came while the reply was still being written), then cancelled. Asserts that
+    the request ended in neither of those waits."""
+    long = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
+    stream = OmniStream(url, model)
+    stream.send(omni_inputs("tell me a long story", modalities=["text", "audio"], sampling=long,
+                            seed=seed))
+    result = OmniResult()
+    try:
+        while "audio" not in result.kinds:  # until the first audio chunk
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(result, response), "the request ended before any audio"
+        while result.kinds[-1] != "text":  # then more text: the reply was not finished yet
+            response, error = stream.next(timeout=60)
+            assert error is None, error
+            assert not absorb(result, response), "the text ended with the first audio"
+    finally:
+        stream.close(cancel=True)
+    assert result.finish_reason is None and result.sample_rate == 24000
+    return result
+
+
 def run_omni(url: str, model: str = MODEL, **kwargs) -> OmniResult:
     stream = OmniStream(url, model)
     try:

@@ -21,6 +21,7 @@ from .omni_io import (
     OmniResult,
     OmniStream,
     absorb,
+    audio_amid_text,
     error_code,
     omni_inputs,
     png,
@@ -182,24 +183,7 @@ def test_concurrent_media_requests_answer_as_each_alone(url, concurrency):
 
 def test_speech_chunks_arrive_before_the_text_is_finished(url):
     """Pipelined: audio comes out while the thinker still writes (a long reply, then cancel)."""
-    long = {"temperature": 0, "max_tokens": 1000, "ignore_eos": True}
-    stream = OmniStream(url)
-    stream.send(omni_inputs("tell me a long story", modalities=["text", "audio"], sampling=long,
-                            seed=7))
-    result = OmniResult()
-    try:
-        while "audio" not in result.kinds:  # until the first audio chunk
-            response, error = stream.next(timeout=60)
-            assert error is None, error
-            assert not absorb(result, response), "the request ended before any audio"
-        while result.kinds[-1] != "text":  # then more text: the reply was not finished yet
-            response, error = stream.next(timeout=60)
-            assert error is None, error
-            assert not absorb(result, response), "the text ended with the first audio"
-    finally:
-        stream.close(cancel=True)
-    assert result.finish_reason is None and len(result.text) > 0
-    assert result.sample_rate == 24000
+    assert len(audio_amid_text(url).text) > 0
 
 
 def test_speech_out_is_playable_audio_with_its_metrics(url, tmp_path):

@@ -6,8 +6,9 @@ writes one (a thinker stage and an orchestrator, model names of their own), gene
 omni-gen-repo and loaded into the session's text-chat server (servers.loaded), so no server
 of its own starts. The family's thinker takes images and audio raw (its own vLLM processor
 and towers), so the spec has no encoder stage. Speech: the family's talker (its vLLM model
-with the code predictor, omni_talker) and Code2Wav (omni_audio) load with the thinker, as one
-group, so their engines load side by side.
+with the code predictor, omni_talker; compiled, as the preset runs it) and Code2Wav
+(omni_audio) load with the thinker, as one group, so their engines load side by side; so
+does a Thinking folder's thinker with an orchestrator of its own (text only).
 
 Reference: transformers' Qwen3OmniMoeForConditionalGeneration on the same folder, greedy,
 fp32, inputs from the checkpoint's own Qwen3OmniMoeProcessor (tests/qwen3_reference): the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import io
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -33,12 +35,24 @@ from omni_tools.tiny_models import ensure_model
 from tests.qwen3_reference import load, processor_inputs, reference
 
 from .llm_io import cancel_limit, metric, wait_idle
-from .omni_io import OmniResult, OmniStream, absorb, omni_inputs, png, run_omni, tone, wav
+from .omni_io import (
+    OmniResult,
+    OmniStream,
+    absorb,
+    audio_amid_text,
+    error_code,
+    omni_inputs,
+    png,
+    run_omni,
+    tone,
+    wav,
+)
 from .servers import gen_repo, loaded
 
 pytestmark = pytest.mark.integration
 
 THINKER, TALKER, DECODER, OMNI_MODEL = "qwen3_thinker", "qwen3_talker", "qwen3_code2wav", "qwen3_omni"
+THINKING, THINKING_OMNI = "qwen3_thinking_thinker", "qwen3_thinking"
 GREEDY = {"temperature": 0, "max_tokens": 16}
 # the random tiny talker seldom samples its end code: its frames are bounded
 GREEDY_TALKER = {"temperature": 0, "max_tokens": 20}
@@ -59,15 +73,29 @@ def server(text_chat_server, folder, tmp_path_factory):
             "limit_mm_per_prompt": {"image": 1, "audio": 1, "video": 0},
             "max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
             "enforce_eager": True}},
+        # compiled, as the preset runs it (the thinker's compiled path is vLLM's own)
         TALKER: {"backend": "omni_talker", "model": folder, "engine_args": {
-            "max_model_len": 2048, "max_num_seqs": 4, "dtype": "float32", "enforce_eager": True},
+            "max_model_len": 2048, "max_num_seqs": 4, "dtype": "float32"},
             "env": {"VLLM_CPU_OMP_THREADS_BIND": "1"}},
         DECODER: {"backend": "omni_audio", "model": folder, "max_batch_size": 4},
         OMNI_MODEL: {"backend": "omni_orchestrator", "engine_args": {"stages": {
             "thinker": THINKER, "talker": TALKER, "audio_decoder": DECODER}}}}}
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
-    with loaded(text_chat_server, repo, [(THINKER, TALKER, DECODER, OMNI_MODEL)]) as server:
+    # A Thinking folder as the hub ships it (no talker or Code2Wav weights): its thinker
+    # and an orchestrator without speech stages, as omni-gen-repo --preset omni-chat
+    # writes them for it (test_checkpoint_folder), here under names of their own so they
+    # load beside the rest, side by side.
+    thinking = {"pipeline": "qwen3-omni-thinking", "entry": THINKING_OMNI, "stages": {
+        THINKING: {**spec["stages"][THINKER], "model": str(ensure_model("qwen3-omni-thinking-tiny"))},
+        THINKING_OMNI: {"backend": "omni_orchestrator",
+                        "engine_args": {"stages": {"thinker": THINKING}}}}}
+    (root / "thinking.yaml").write_text(yaml.safe_dump(thinking))
+    for stage in gen_repo([root / "thinking.yaml"], root / "thinking").iterdir():
+        if stage.is_dir():
+            shutil.copytree(stage, repo / stage.name)
+    with loaded(text_chat_server, repo, [
+            (THINKER, TALKER, DECODER, OMNI_MODEL, THINKING, THINKING_OMNI)]) as server:
         yield server
 
 
@@ -108,6 +136,19 @@ def test_the_reply_equals_qwen3_omni_in_transformers(url, folder, case):
     # vLLM holds back a reply's last bytes while they are no whole UTF-8 character
     assert result.text == text.removesuffix("\ufffd")
     assert result.metrics["usage"]["completion_tokens"] == len(want)
+
+
+def test_a_thinking_folder_replies_as_transformers_and_refuses_audio(url):
+    folder = str(ensure_model("qwen3-omni-thinking-tiny"))
+    want = _reference(folder, None, None)
+    result = run_omni(url, model=THINKING_OMNI, text=QUESTION, sampling=GREEDY)
+    assert result.error is None, result.error
+    text = load(folder)[1].tokenizer.decode(want, skip_special_tokens=True)
+    assert result.text == text.removesuffix("\ufffd")
+    audio = run_omni(url, model=THINKING_OMNI, text=QUESTION, modalities=["text", "audio"],
+                     sampling=GREEDY)
+    assert error_code(audio.error) == "INVALID_ARG"
+    assert all(word in str(audio.error) for word in ("modalities", "talker", "audio_decoder"))
 
 
 SEA = "say something about the sea"
@@ -207,24 +248,7 @@ def test_every_speaker_together_equals_qwen3_omni_in_transformers(url, folder, c
 
 def test_first_audio_comes_before_a_long_reply_ends(url):
     """Pipelined: the talker speaks the reply's first tokens while the thinker still writes."""
-    long = {"temperature": 0, "max_tokens": 1000, "ignore_eos": True}
-    stream = OmniStream(url, OMNI_MODEL)
-    stream.send(omni_inputs("tell me a long story", modalities=["text", "audio"], sampling=long,
-                            seed=SEED))
-    result = OmniResult()
-    try:
-        while "audio" not in result.kinds:  # until the first audio chunk
-            response, error = stream.next(timeout=60)
-            assert error is None, error
-            assert not absorb(result, response), "the request ended before any audio"
-        while result.kinds[-1] != "text":  # then more text: the reply was not finished yet
-            response, error = stream.next(timeout=60)
-            assert error is None, error
-            assert not absorb(result, response), "the text ended with the first audio"
-    finally:
-        stream.close(cancel=True)
-    assert result.finish_reason is None and len(result.deltas) < long["max_tokens"] / 2
-    assert result.sample_rate == 24000
+    assert 0 < len(audio_amid_text(url, OMNI_MODEL, seed=SEED).deltas) < 500
 
 
 def _generated(server, model: str) -> float:

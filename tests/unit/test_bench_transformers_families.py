@@ -238,12 +238,3 @@ def test_the_served_specs_are_the_presets_as_omni_gen_repo_writes_them(tmp_path)
     for model in ("qwen3-tiny", "tiny"):
         assert "enforce_eager" not in tb.served_spec(model, tmp_path).stages["talker"].engine_args
     assert tb.QWEN3.served_note and not tb.QWEN3.served_engine_args
-
-
-def test_the_qwen3_talker_engine_runs_eager() -> None:
-    """Its family's engine arguments (vLLM 0.32's torch.compile of it fails at load)."""
-    from omni_serve.families.qwen3_omni_moe import talker_prompt
-    from omni_tools.tiny_models import ensure_model
-
-    args = talker_prompt.engine_args({"model": str(ensure_model("qwen3-omni-tiny"))})
-    assert args["enforce_eager"] is True

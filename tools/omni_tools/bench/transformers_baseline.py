@@ -144,9 +144,7 @@ QWEN3 = Family(
              "= talker_max_new_tokens (frames of 16 codes; codec_eos held back)"),
     batch_markers=("talker_codes.shape[0] == 1", "talker_code_lengths"),
     batch_note="one waveform per row, cut at its own length after one Code2Wav decode",
-    served_note=("The served Qwen3-Omni talker runs eager (its family's engine arguments: "
-                 "vLLM 0.32's torch.compile of that decoder fails at load); the thinker is "
-                 "compiled."))
+    served_note="The served Qwen3-Omni stages run as the preset writes them (compiled).")
 
 
 @dataclass(frozen=True)

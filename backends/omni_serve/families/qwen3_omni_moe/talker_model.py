@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -273,6 +274,16 @@ def talker_text_config(talker_config):
     return text
 
 
+@support_torch_compile(dynamic_arg_dims={
+    "input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0})
+class _Decoder(Qwen3MoeModel):
+    """vLLM's Qwen3MoeModel, compiled with M-RoPE positions: [3, tokens], the token
+    dimension last. Qwen3MoeModel's own compile marks positions' first dimension (the 3)
+    dynamic and specialises the token count, which fails at load (ConstraintViolationError
+    in MRotaryEmbedding.forward_native); vLLM's Qwen3-VL MoE text model is declared the
+    same way."""
+
+
 class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -283,7 +294,7 @@ class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
         sub = vllm_config.with_hf_config(text, architectures=["Qwen3MoeForCausalLM"])
         sub.model_config.hf_text_config = text  # with_hf_config keeps the thinker's text config
         # model.embed_tokens is the checkpoint's model.codec_embedding (code 0's embedding)
-        self.model = Qwen3MoeModel(vllm_config=sub, prefix=maybe_prefix(prefix, "model"))
+        self.model = _Decoder(vllm_config=sub, prefix=maybe_prefix(prefix, "model"))
         self.codec_head = ParallelLMHead(text.vocab_size, text.hidden_size,
                                          prefix=maybe_prefix(prefix, "codec_head"))
         self.logits_processor = LogitsProcessor(text.vocab_size)

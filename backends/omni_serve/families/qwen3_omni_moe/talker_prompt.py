@@ -77,11 +77,6 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         # the scheduler holds back requests whose next frame's text is not there yet
         "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
-        # vLLM 0.32's torch.compile of the talker decoder (Qwen3MoeModel with interleaved
-        # M-RoPE, fed inputs_embeds) fails at load: ConstraintViolationError, the token
-        # dimension specialised to max_num_batched_tokens in MRotaryEmbedding.forward_native.
-        # Eager until that is fixed; the thinker stays compiled.
-        "enforce_eager": True,
     }
 
 
