@@ -43,7 +43,8 @@ class FourWaySpeech:
 
 
 FOURWAY = Family(name="fourway", title="Four-Way Omni", model_types=("fourway_omni",), parts={},
-                 system_prompt="You speak in four voices at once.", speech=FourWaySpeech())
+                 system_prompt="You speak in four voices at once.", speech=FourWaySpeech(),
+                 speech_chunks={"first_chunk_codes": 7, "chunk_codes": 9})
 
 
 def frame_at(position: int) -> list[int]:
@@ -113,6 +114,20 @@ def test_the_orchestrator_takes_the_familys_defaults_and_refuses_an_unknown_fami
     assert config().system_prompt.startswith("You are Qwen")  # the default family's
     with pytest.raises(ValueError, match="unknown model family 'nope'; supported: .*qwen2_5_omni"):
         OrchestratorConfig.model_validate({"stages": {"thinker": "llm"}, "family": "nope"})
+
+
+def test_the_chunk_sizes_default_to_the_familys_and_a_setting_wins(fourway):
+    bare = {"stages": {"thinker": "llm"}}
+    cfg = OrchestratorConfig.model_validate({**bare, "family": "fourway"})
+    assert (cfg.first_chunk_codes, cfg.chunk_codes) == (7, 9)
+    cfg = OrchestratorConfig.model_validate({**bare, "family": "fourway", "first_chunk_codes": 2})
+    assert (cfg.first_chunk_codes, cfg.chunk_codes) == (2, 9)
+    for name, family in (("qwen2_5_omni", families.get("qwen2_5_omni")),
+                         ("qwen3_omni_moe", families.get("qwen3_omni_moe"))):
+        cfg = OrchestratorConfig.model_validate({**bare, "family": name})
+        fields = OrchestratorConfig.model_fields
+        assert cfg.first_chunk_codes == family.speech_chunks.get(
+            "first_chunk_codes", fields["first_chunk_codes"].default)
 
 
 @pytest.mark.parametrize("stream_audio", [True, False])

@@ -212,7 +212,7 @@ class OrchestratorConfig(RefusesRemovedSettings):
     @model_validator(mode="before")
     @classmethod
     def _family_defaults(cls, data: Any) -> Any:
-        """system_prompt, voice_map and talker_sampling default to the family's."""
+        """system_prompt, voice_map, talker_sampling and the chunk sizes default to the family's."""
         if not isinstance(data, Mapping):
             return data
         from omni_serve import families
@@ -222,6 +222,8 @@ class OrchestratorConfig(RefusesRemovedSettings):
         data.setdefault("system_prompt", family.system_prompt or "")
         data.setdefault("voice_map", dict(family.voice_map))
         data.setdefault("talker_sampling", dict(family.talker_sampling))
+        for key, value in family.speech_chunks.items():
+            data.setdefault(key, value)
         return data
 
     @model_validator(mode="after")

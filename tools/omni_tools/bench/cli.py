@@ -30,7 +30,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     openai_images.SCENARIO,
     # on demand
     child.SPLIT, child.SPIN, child.COLD_START, child.HIDDEN_STATES, child.STREAM_ERRORS,
-    child.UNARY_CANCEL)
+    child.UNARY_CANCEL, child.FIRST_CHUNK)
 
 
 def _by_name() -> dict[str, Scenario]:

@@ -237,3 +237,7 @@ STREAM_ERRORS = _child_scenario(
 UNARY_CANCEL = _child_scenario(
     "unary-cancel", "unary_cancel", "Triton: unary calls cancelled while queued, running or done",
     [], in_all=False)
+FIRST_CHUNK = _child_scenario(
+    "first-chunk", "first_chunk",
+    "omni-chat: the first audio chunk's size vs first audio and playback stalls, per family",
+    [], in_all=False)

@@ -1,0 +1,30 @@
+"""omni-bench first-chunk: the listener's stalls and the default it picks (no server)."""
+from __future__ import annotations
+
+import pytest
+
+from omni_tools.bench.first_chunk import choose, stalls
+
+
+@pytest.mark.parametrize(("chunks", "expected"), [
+    ([], (0, 0.0)),
+    ([(0.3, 1.0)], (0, 0.0)),
+    # each chunk arrives while the one before still plays
+    ([(0.3, 1.0), (1.0, 2.0), (3.2, 0.5)], (0, 0.0)),
+    # the second arrives 0.2 s after the first has played; the third while the second plays
+    ([(0.3, 0.5), (1.0, 2.0), (2.5, 1.0)], (1, 0.2)),
+    # a stall delays what follows: the third, at 3.4, is late against 1.0 + 2.0 = 3.0
+    ([(0.3, 0.5), (1.0, 2.0), (3.4, 1.0)], (2, 0.6)),
+    # arriving exactly as the audio before ends is no stall
+    ([(0.0, 1.0), (1.0, 1.0)], (0, 0.0)),
+])
+def test_stalls_are_the_gaps_a_listener_hears(chunks, expected):
+    count, seconds = stalls(chunks)
+    assert (count, seconds) == (expected[0], pytest.approx(expected[1]))
+
+
+def test_the_default_is_the_smallest_first_chunk_that_never_stalled():
+    cell = {4: {"stalled_requests": 3}, 8: {"stalled_requests": 0},
+            12: {"stalled_requests": 0}, 24: {"stalled_requests": 1}}
+    assert choose(cell) == 8
+    assert choose({4: {"stalled_requests": 1}}) is None

@@ -1,0 +1,185 @@
+"""Benchmark: the first audio chunk's size against first audio and playback stalls, per family.
+
+Runs as omni-bench's child process (`omni-bench first-chunk -- ...`). Per model
+(omni-bench transformers' MODELS: `tiny` is Qwen2.5-Omni, `qwen3-tiny` Qwen3-Omni) one
+tritonserver serves the omni-chat preset on that checkpoint (without text_to_image)
+with one orchestrator per `--first` value (`omni_first<N>`, the same stages behind
+them, only `first_chunk_codes` differs), so every value is measured on the same
+engines, order alternating per round. Each request: a reply of `--max-tokens`
+tokens (ignore_eos) spoken as `--codes-per-token` talker codes per token (min_tokens
+= max_tokens, greedy), `--concurrency` at a time.
+
+Per request the client plays the audio as it comes: playback starts when the first
+chunk arrives, and a chunk that arrives after the audio before it has finished
+playing is a stall (its wait is stall time). The smallest first chunk whose
+requests never stall at concurrency 1 is the family's default
+(`Family.speech_chunks`); docs/omni-chat.md has the figures.
+
+    omni-bench first-chunk -- --models tiny qwen3-tiny --first 4 8 12 24
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from omni_tools.bench.scenario import results_file, write_results
+from omni_tools.bench.stats import median, pct
+
+ENTRY = "omni"
+
+
+def stalls(chunks: Iterable[tuple[float, float]]) -> tuple[int, float]:
+    """(count, seconds) of the gaps a listener hears: `chunks` are (arrival, duration)
+    seconds in stream order; playback starts at the first arrival and each chunk plays
+    as soon as it has arrived and the one before it has finished."""
+    count, waited, playing_until = 0, 0.0, None
+    for arrival, duration in chunks:
+        if playing_until is not None and arrival > playing_until:
+            count += 1
+            waited += arrival - playing_until
+        start = arrival if playing_until is None else max(arrival, playing_until)
+        playing_until = start + duration
+    return count, waited
+
+
+def _variant(first: int) -> str:
+    return f"{ENTRY}_first{first}"
+
+
+def served_spec(model: str, firsts: list[int], work: Path) -> Any:
+    """omni-bench transformers' served spec for `model`, with one orchestrator per value."""
+    from omni_tools import spec
+    from omni_tools.bench.transformers_baseline import served_spec as base_spec
+
+    base = base_spec(model, work)
+    data = base.model_dump(mode="json", exclude_none=True)
+    orchestrator = data["stages"].pop(ENTRY)
+    for first in firsts:
+        stage = json.loads(json.dumps(orchestrator))
+        stage.setdefault("engine_args", {})["first_chunk_codes"] = first
+        data["stages"][_variant(first)] = stage
+    data["entry"] = _variant(firsts[0])
+    return spec.parse_spec(data, base_dir=work, source=f"{base.source} (first-chunk variants)")
+
+
+def one_request(client: Any, model: str, text: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One streamed speech request: first audio, full response, stalls while playing it."""
+    from omni_client.types import AudioChunk
+
+    t0 = time.perf_counter()
+    chunks: list[tuple[float, float]] = []
+    for event in client.stream(text, model=model, timeout=600, **options):
+        if isinstance(event, AudioChunk):
+            chunks.append((time.perf_counter() - t0, event.duration_s))
+    total = time.perf_counter() - t0
+    if not chunks:
+        raise RuntimeError(f"no audio in the reply to {text!r}")
+    count, waited = stalls(chunks)
+    return {"ttfa_s": chunks[0][0], "latency_s": total, "stalls": count, "stall_s": waited,
+            "first_chunk_audio_s": chunks[0][1], "audio_s": sum(d for _, d in chunks)}
+
+
+def level(client: Any, model: str, texts: list[str], concurrency: int,
+          options: dict[str, Any]) -> dict[str, Any]:
+    with ThreadPoolExecutor(concurrency) as pool:
+        rows = list(pool.map(lambda t: one_request(client, model, t, options), texts))
+    return {"ttfa_s_p50": median([r["ttfa_s"] for r in rows]),
+            "ttfa_s_p90": pct([r["ttfa_s"] for r in rows], 90),
+            "latency_s_p50": median([r["latency_s"] for r in rows]),
+            "stalled_requests": sum(r["stalls"] > 0 for r in rows), "requests": len(rows),
+            "stall_s_mean": sum(r["stall_s"] for r in rows) / len(rows),
+            "first_chunk_audio_s": median([r["first_chunk_audio_s"] for r in rows]),
+            "audio_s_mean": sum(r["audio_s"] for r in rows) / len(rows)}
+
+
+def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from omni_client import OmniClient
+    from omni_tools import gen_repo
+    from omni_tools.bench.transformers_baseline import MODELS, prompts
+    from omni_tools.server import TritonServer
+
+    family = MODELS[model].family
+    codes = args.max_tokens * (args.codes_per_token or family.codes_per_token)
+    options = {"modalities": ["text", "audio"],
+               "sampling_parameters": {"max_tokens": args.max_tokens, "ignore_eos": True,
+                                       "temperature": 0},
+               "talker_sampling": {"max_tokens": codes, "min_tokens": codes, "temperature": 0}}
+    repo = work / model / "repo"
+    gen_repo.generate(served_spec(model, args.first, work / model), repo, force=True)
+    per: dict[int, dict[int, list[dict[str, Any]]]] = {
+        c: {f: [] for f in args.first} for c in args.concurrency}
+    with TritonServer(repo, log_path=work / model / "tritonserver.log") as server, \
+            OmniClient(server.grpc_url, timeout=600) as client:
+        for first in args.first:  # warm-up: every orchestrator and the engines' shapes
+            level(client, _variant(first), prompts(2, 99), 2, options)
+        for rnd in range(args.rounds):
+            order = args.first if rnd % 2 == 0 else list(reversed(args.first))
+            for c in args.concurrency:
+                texts = prompts(max(args.min_requests, args.requests_per_slot * c), rnd)
+                for first in order:
+                    r = level(client, _variant(first), texts, c, options)
+                    per[c][first].append(r)
+                    print(f"first-chunk {model} round={rnd} c={c} first={first:3d}: first audio "
+                          f"p50 {r['ttfa_s_p50']:.3f} s, full p50 {r['latency_s_p50']:.3f} s, "
+                          f"stalled {r['stalled_requests']}/{r['requests']} "
+                          f"({r['stall_s_mean']:.3f} s each)", flush=True)
+    levels = {}
+    for c, by_first in per.items():
+        levels[c] = {first: _merge(rows) for first, rows in by_first.items()}
+    return {"family": family.title, "talker_codes": codes, "code_s": family.code_s,
+            "levels": levels, "default": choose(levels.get(min(args.concurrency), {}))}
+
+
+def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one (concurrency, first) cell: medians of their p50s, stalls summed."""
+    out = {k: median([r[k] for r in rows]) for k in rows[0]
+           if k not in ("stalled_requests", "requests")}
+    out["stalled_requests"] = sum(r["stalled_requests"] for r in rows)
+    out["requests"] = sum(r["requests"] for r in rows)
+    return out
+
+
+def choose(by_first: dict[int, dict[str, Any]]) -> int | None:
+    """The smallest first chunk none of whose requests stalled; None if every one did."""
+    ok = [first for first, r in by_first.items() if r["stalled_requests"] == 0]
+    return min(ok) if ok else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from omni_tools.bench.transformers_baseline import MODELS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=["tiny", "qwen3-tiny"])
+    ap.add_argument("--first", nargs="+", type=int, default=[4, 8, 12, 24],
+                    help="first_chunk_codes values (talker steps: codes, or frames of 16)")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--min-requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--codes-per-token", type=int, default=None,
+                    help="talker steps per reply token (default: the family's, as in "
+                         "omni-bench transformers)")
+    ap.add_argument("--out", type=Path, default=results_file("first-chunk"))
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = {"command": " ".join(["python", *sys.argv]),
+                               "max_tokens": args.max_tokens, "models": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-first-chunk-") as d:
+        for model in args.models:
+            results["models"][model] = run_model(model, args, Path(d))
+            write_results(args.out, results)
+    for model, r in results["models"].items():
+        print(f"{model} ({r['family']}): smallest first chunk without a stall at concurrency "
+              f"{min(args.concurrency)}: {r['default']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
