@@ -7,20 +7,23 @@ from omni_tools.bench.first_chunk import choose, stalls
 
 
 @pytest.mark.parametrize(("chunks", "expected"), [
-    ([], (0, 0.0)),
-    ([(0.3, 1.0)], (0, 0.0)),
+    ([], (0, 0.0, None)),
+    ([(0.3, 1.0)], (0, 0.0, None)),
     # each chunk arrives while the one before still plays
-    ([(0.3, 1.0), (1.0, 2.0), (3.2, 0.5)], (0, 0.0)),
+    ([(0.3, 1.0), (1.0, 2.0), (3.2, 0.5)], (0, 0.0, None)),
     # the second arrives 0.2 s after the first has played; the third while the second plays
-    ([(0.3, 0.5), (1.0, 2.0), (2.5, 1.0)], (1, 0.2)),
+    ([(0.3, 0.5), (1.0, 2.0), (2.5, 1.0)], (1, 0.2, 1)),
     # a stall delays what follows: the third, at 3.4, is late against 1.0 + 2.0 = 3.0
-    ([(0.3, 0.5), (1.0, 2.0), (3.4, 1.0)], (2, 0.6)),
+    ([(0.3, 0.5), (1.0, 2.0), (3.4, 1.0)], (2, 0.6, 1)),
+    # only the third is late
+    ([(0.0, 1.0), (0.5, 1.0), (2.5, 1.0)], (1, 0.5, 2)),
     # arriving exactly as the audio before ends is no stall
-    ([(0.0, 1.0), (1.0, 1.0)], (0, 0.0)),
+    ([(0.0, 1.0), (1.0, 1.0)], (0, 0.0, None)),
 ])
 def test_stalls_are_the_gaps_a_listener_hears(chunks, expected):
-    count, seconds = stalls(chunks)
-    assert (count, seconds) == (expected[0], pytest.approx(expected[1]))
+    heard = stalls(chunks)
+    assert (heard.count, heard.seconds, heard.first) == (
+        expected[0], pytest.approx(expected[1]), expected[2])
 
 
 def test_the_default_is_the_smallest_first_chunk_that_never_stalled():

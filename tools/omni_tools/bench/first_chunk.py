@@ -20,6 +20,7 @@ requests never stall at concurrency 1 is the family's default
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omni_tools.bench.scenario import results_file, write_results
 from omni_tools.bench.stats import median, pct
@@ -35,18 +36,25 @@ from omni_tools.bench.stats import median, pct
 ENTRY = "omni"
 
 
-def stalls(chunks: Iterable[tuple[float, float]]) -> tuple[int, float]:
-    """(count, seconds) of the gaps a listener hears: `chunks` are (arrival, duration)
-    seconds in stream order; playback starts at the first arrival and each chunk plays
-    as soon as it has arrived and the one before it has finished."""
-    count, waited, playing_until = 0, 0.0, None
-    for arrival, duration in chunks:
+class Stalls(NamedTuple):
+    count: int  # gaps heard
+    seconds: float  # their total length
+    first: int | None  # the index of the first chunk that came late; None: none did
+
+
+def stalls(chunks: Iterable[tuple[float, float]]) -> Stalls:
+    """The gaps a listener hears: `chunks` are (arrival, duration) seconds in stream order;
+    playback starts at the first arrival and each chunk plays as soon as it has arrived
+    and the one before it has finished."""
+    count, waited, first, playing_until = 0, 0.0, None, None
+    for i, (arrival, duration) in enumerate(chunks):
         if playing_until is not None and arrival > playing_until:
             count += 1
             waited += arrival - playing_until
+            first = i if first is None else first
         start = arrival if playing_until is None else max(arrival, playing_until)
         playing_until = start + duration
-    return count, waited
+    return Stalls(count, waited, first)
 
 
 def _variant(first: int) -> str:
@@ -81,8 +89,9 @@ def one_request(client: Any, model: str, text: str, options: dict[str, Any]) -> 
     total = time.perf_counter() - t0
     if not chunks:
         raise RuntimeError(f"no audio in the reply to {text!r}")
-    count, waited = stalls(chunks)
-    return {"ttfa_s": chunks[0][0], "latency_s": total, "stalls": count, "stall_s": waited,
+    heard = stalls(chunks)
+    return {"ttfa_s": chunks[0][0], "latency_s": total, "stalls": heard.count,
+            "stall_s": heard.seconds, "second_chunk_late": heard.first == 1,
             "first_chunk_audio_s": chunks[0][1], "audio_s": sum(d for _, d in chunks)}
 
 
@@ -94,6 +103,8 @@ def level(client: Any, model: str, texts: list[str], concurrency: int,
             "ttfa_s_p90": pct([r["ttfa_s"] for r in rows], 90),
             "latency_s_p50": median([r["latency_s"] for r in rows]),
             "stalled_requests": sum(r["stalls"] > 0 for r in rows), "requests": len(rows),
+            # the stall a bigger first chunk would cover: the second chunk came late
+            "second_chunk_late": sum(r["second_chunk_late"] for r in rows),
             "stall_s_mean": sum(r["stall_s"] for r in rows) / len(rows),
             "first_chunk_audio_s": median([r["first_chunk_audio_s"] for r in rows]),
             "audio_s_mean": sum(r["audio_s"] for r in rows) / len(rows)}
@@ -129,6 +140,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
                     print(f"first-chunk {model} round={rnd} c={c} first={first:3d}: first audio "
                           f"p50 {r['ttfa_s_p50']:.3f} s, full p50 {r['latency_s_p50']:.3f} s, "
                           f"stalled {r['stalled_requests']}/{r['requests']} "
+                          f"(second chunk late {r['second_chunk_late']}) "
                           f"({r['stall_s_mean']:.3f} s each)", flush=True)
     levels = {}
     for c, by_first in per.items():
@@ -140,9 +152,10 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
 def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rounds of one (concurrency, first) cell: medians of their p50s, stalls summed."""
     out = {k: median([r[k] for r in rows]) for k in rows[0]
-           if k not in ("stalled_requests", "requests")}
+           if k not in ("stalled_requests", "requests", "second_chunk_late")}
     out["stalled_requests"] = sum(r["stalled_requests"] for r in rows)
     out["requests"] = sum(r["requests"] for r in rows)
+    out["second_chunk_late"] = sum(r["second_chunk_late"] for r in rows)
     return out
 
 
@@ -167,13 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codes-per-token", type=int, default=None,
                     help="talker steps per reply token (default: the family's, as in "
                          "omni-bench transformers)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the repositories and server logs here (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=results_file("first-chunk"))
     args = ap.parse_args(argv)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv]),
                                "max_tokens": args.max_tokens, "models": {}}
-    with tempfile.TemporaryDirectory(prefix="bench-first-chunk-") as d:
+    with contextlib.ExitStack() as stack:
+        work = args.work or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="bench-first-chunk-")))
         for model in args.models:
-            results["models"][model] = run_model(model, args, Path(d))
+            results["models"][model] = run_model(model, args, work)
             write_results(args.out, results)
     for model, r in results["models"].items():
         print(f"{model} ({r['family']}): smallest first chunk without a stall at concurrency "
