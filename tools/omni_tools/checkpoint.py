@@ -13,25 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from omni_serve import families
+from omni_serve.families import checkpoint_tensors
 
 # Speech needs both: a preset keeps them together or leaves both out.
 SPEECH_ROLES = ("talker", "audio_decoder")
 # the stage roles that read a part of the checkpoint folder, in the order problems name them
 PARTS_ORDER = ("thinker", "image_encoder", "audio_encoder", "talker", "audio_decoder")
-
-
-def tensor_names(folder: Path) -> set[str]:
-    """Names of the folder's safetensors weights (from the index, or each file's header)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return set(json.loads(index.read_text())["weight_map"])
-    from safetensors import safe_open
-
-    names: set[str] = set()
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(path, "pt") as f:
-            names.update(f.keys())
-    return names
 
 
 def problems(folder: Path, roles: list[str]) -> list[str]:
@@ -45,7 +32,7 @@ def problems(folder: Path, roles: list[str]) -> list[str]:
     except ValueError as e:
         return [f"{folder}: {e}"]
     found = []
-    names = tensor_names(folder)
+    names = set(checkpoint_tensors.tensor_files(folder))
     if not names:
         return [f"{folder}: no safetensors weights"]
     for role in roles:
