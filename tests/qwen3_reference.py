@@ -2,7 +2,8 @@
 
 Where it runs: in the pytest process (CPU, fp32), beside the server under test or alone.
 What flows through it: a checkpoint folder and a chat (messages, or processor inputs) in;
-`(reply_ids, codes, waveform)` out, from `Qwen3OmniMoeForConditionalGeneration.generate(
+the thinker's greedy reply ids out (`thinker_reply`, text only), or `(reply_ids, codes,
+waveform)` (`reference`), from `Qwen3OmniMoeForConditionalGeneration.generate(
 return_audio=True, thinker_do_sample=False, talker_do_sample=False, speaker=...)` after
 `torch.manual_seed(seed)`, greedy thinker and talker (in transformers 5.19 the code predictor
 follows `talker_do_sample`). `codes` is `[frames, 16]` int64: the talker's code and the code
@@ -57,6 +58,22 @@ def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]]) -> A
                 audio.append(np.asarray(part["audio"], dtype=np.float32))
     prompt = processor.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
     return processor(text=prompt, images=images or None, audio=audio or None, return_tensors="pt")
+
+
+def thinker_reply(folder: str | Path, messages: Sequence[Mapping[str, Any]], *,
+                  max_new_tokens: int) -> list[int]:
+    """The thinker's greedy reply ids (`model.thinker.generate`) to a chat of any number of turns.
+
+    `messages`: user and assistant turns (see `processor_inputs`), the last one the user's;
+    the checkpoint's own chat template renders them, the assistant's turn opened after them.
+    """
+    model, processor = load(str(folder))
+    inputs = processor_inputs(processor, messages)
+    im_end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():
+        out = model.thinker.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                     eos_token_id=im_end)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 def reference(folder: str | Path, messages_or_inputs: Sequence[Mapping[str, Any]] | Mapping[str, Any], *,

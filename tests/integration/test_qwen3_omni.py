@@ -16,23 +16,32 @@ thinker's reply, and for speech its talker's 16 codes of every frame and the wav
 Speech about an image also checks the thinker's rows the talker reads at the image's
 positions (the output of layer accept_hidden_layer, before its deepstack addition): the
 last layer's, or one with deepstack, gives the talker another prompt and other codes.
+
+The same through omni-openai (one process in front of the server, the official `openai`
+client): speech in an OpenAI voice, an image part, the model list, the Thinking model's
+refusal of audio. Across turns: a conversation whose turns carry the earlier ones in
+`history` gets transformers' reply to the whole chat each turn, and the thinker's prefix
+cache (KV blocks of BLOCK_SIZE tokens) finds the conversation so far.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
-import torch
 import yaml
 from PIL import Image
 
+from omni_tools.server import OpenAIFrontend
 from omni_tools.tiny_models import ensure_model
-from tests.qwen3_reference import load, processor_inputs, reference
+from tests.qwen3_reference import load, reference, thinker_reply
+from tests.wav_check import STEP
 
 from .llm_io import cancel_limit, metric, wait_idle
 from .omni_io import (
@@ -58,6 +67,9 @@ GREEDY = {"temperature": 0, "max_tokens": 16}
 GREEDY_TALKER = {"temperature": 0, "max_tokens": 20}
 SEED = 0
 QUESTION = "what do you see and hear?"
+# vLLM caches whole KV blocks only; the CPU default (128 tokens) would hide a short
+# conversation's prefix-cache hits
+BLOCK_SIZE = 32
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +84,7 @@ def server(text_chat_server, folder, tmp_path_factory):
         THINKER: {"backend": "omni_llm", "model": folder, "engine_args": {
             "limit_mm_per_prompt": {"image": 1, "audio": 1, "video": 0},
             "max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
-            "enforce_eager": True}},
+            "enforce_eager": True, "block_size": BLOCK_SIZE}},
         # compiled, as the preset runs it (the thinker's compiled path is vLLM's own)
         TALKER: {"backend": "omni_talker", "model": folder, "engine_args": {
             "max_model_len": 2048, "max_num_seqs": 4, "dtype": "float32"},
@@ -104,17 +116,11 @@ def url(server) -> str:
     return server.grpc_url
 
 
-def _reference(folder: str, image: bytes | None, audio) -> str:
-    model, processor = load(folder)
+def _reference(folder: str, image: bytes | None, audio) -> list[int]:
     parts = ([{"type": "audio", "audio": audio}] if audio is not None else []) + (
         [{"type": "image", "image": Image.open(io.BytesIO(image)).convert("RGB")}] if image else [])
-    inputs = processor_inputs(processor, [{"role": "user", "content": [
-        *parts, {"type": "text", "text": QUESTION}]}])
-    im_end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with torch.no_grad():
-        out = model.thinker.generate(**inputs, max_new_tokens=GREEDY["max_tokens"],
-                                     do_sample=False, eos_token_id=im_end)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+    return thinker_reply(folder, [{"role": "user", "content": [
+        *parts, {"type": "text", "text": QUESTION}]}], max_new_tokens=GREEDY["max_tokens"])
 
 
 CASES = {
@@ -124,17 +130,27 @@ CASES = {
 }
 
 
+@functools.lru_cache(maxsize=8)
+def _case_reply(folder: str, case: str) -> list[int]:
+    """transformers' reply ids to QUESTION with CASES[case]'s media (asked once a folder)."""
+    return _reference(folder, CASES[case].get("image"), CASES[case].get("audio"))
+
+
+def _text(folder: str, ids: list[int]) -> str:
+    """The reply text of `ids` as the server sends it (vLLM holds back a reply's last bytes
+    while they are no whole UTF-8 character)."""
+    return load(folder)[1].tokenizer.decode(ids, skip_special_tokens=True).removesuffix("\ufffd")
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_the_reply_equals_qwen3_omni_in_transformers(url, folder, case):
     media = CASES[case]
-    want = _reference(folder, media.get("image"), media.get("audio"))
+    want = _case_reply(folder, case)
     result = run_omni(url, model=OMNI_MODEL, text=QUESTION, sampling=GREEDY,
                       image=media.get("image"),
                       audio=wav(media["audio"]) if "audio" in media else None)
     assert result.error is None, result.error
-    text = load(folder)[1].tokenizer.decode(want, skip_special_tokens=True)
-    # vLLM holds back a reply's last bytes while they are no whole UTF-8 character
-    assert result.text == text.removesuffix("\ufffd")
+    assert result.text == _text(folder, want)
     assert result.metrics["usage"]["completion_tokens"] == len(want)
 
 
@@ -277,3 +293,139 @@ def test_cancelling_mid_speech_leaves_every_engine_idle(server, url):
     assert 0 < thinker < cancel_limit(len(sent.deltas), long["max_tokens"]), len(sent.deltas)
     assert _generated(server, TALKER) - talker_before < long["max_tokens"] / 2
     assert run_omni(url, model=OMNI_MODEL, text="still there?", sampling=GREEDY).error is None
+
+
+# --- omni-openai ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def openai_client(server, tmp_path_factory):
+    """The official `openai` client on omni-openai in front of the module's server."""
+    log = tmp_path_factory.mktemp("qwen3-omni-openai") / "omni-openai.log"
+    with OpenAIFrontend(server.grpc_url, log_path=log) as frontend, openai.OpenAI(
+            base_url=f"{frontend.base_url}/v1", api_key="unused", max_retries=0,
+            timeout=180) as client:
+        yield client
+
+
+def _user(*parts: dict) -> list[dict]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+def test_openai_models_lists_the_entry_models_and_the_thinker_chats(openai_client, folder):
+    """As for Qwen2.5-Omni: the orchestrators are omni models, each thinker an LLM of its own
+    (text chat through its chat template), the talker and Code2Wav are not offered."""
+    models = {m.id: m.model_extra["kind"] for m in openai_client.models.list().data}
+    assert models[OMNI_MODEL] == models[THINKING_OMNI] == "omni"
+    assert models[THINKER] == models[THINKING] == "llm"
+    assert not {TALKER, DECODER} & set(models)
+    want = _case_reply(folder, "text")
+    reply = openai_client.chat.completions.create(
+        model=THINKER, messages=[{"role": "user", "content": QUESTION}], temperature=0,
+        seed=SEED, max_tokens=GREEDY["max_tokens"])
+    assert reply.choices[0].message.content == _text(folder, want)
+    assert reply.usage.completion_tokens == len(want)
+
+
+def test_openai_speech_equals_qwen3_omni_in_transformers(openai_client, folder):
+    """An OpenAI voice name (onyx: the family's voice_map says ethan) speaks the reference's
+    speech: the WAV's samples are its waveform within one PCM16 step; streamed, the same."""
+    want_ids, want_codes, want_wave = _spoken(folder, SEA, "ethan")
+    assert len(want_codes) > 1, "the reference talker produced no frames"
+    kwargs = dict(model=OMNI_MODEL, messages=_user({"type": "text", "text": SEA}),
+                  modalities=["text", "audio"], temperature=0, seed=SEED,
+                  max_tokens=GREEDY["max_tokens"],
+                  extra_body={"talker_sampling_parameters": GREEDY_TALKER})
+    whole = openai_client.chat.completions.create(**kwargs, audio={"voice": "onyx", "format": "wav"})
+    audio = whole.choices[0].message.audio
+    assert audio.transcript == _text(folder, want_ids)
+    assert whole.usage.completion_tokens == len(want_ids)
+    wav_bytes = base64.b64decode(audio.data)
+    samples, rate = sf.read(io.BytesIO(wav_bytes), dtype="float32")
+    assert rate == 24000 and samples.shape == want_wave.shape
+    assert np.abs(samples - np.clip(want_wave, -1, 1)).max() <= STEP + 1e-4
+
+    transcript, pcm = [], []
+    for chunk in openai_client.chat.completions.create(
+            **kwargs, audio={"voice": "onyx", "format": "pcm16"}, stream=True):
+        for choice in chunk.choices:
+            delta = choice.delta.audio  # openai's ChoiceDeltaAudio
+            if delta:
+                transcript.append(getattr(delta, "transcript", None) or "")
+                if getattr(delta, "data", None):
+                    pcm.append(np.frombuffer(base64.b64decode(delta.data), "<i2"))
+    assert len(pcm) > 1  # audio arrived in several chunks
+    assert "".join(transcript) == audio.transcript
+    assert np.concatenate(pcm).tobytes() == wav_bytes[44:]  # the WAV's very samples
+
+
+def test_openai_image_part_gets_the_reply_of_transformers(openai_client, folder):
+    want = _case_reply(folder, "text + image")
+    url = "data:image/png;base64," + base64.b64encode(CASES["text + image"]["image"]).decode()
+    reply = openai_client.chat.completions.create(
+        model=OMNI_MODEL, temperature=0, seed=SEED, max_tokens=GREEDY["max_tokens"],
+        messages=_user({"type": "image_url", "image_url": {"url": url}},
+                       {"type": "text", "text": QUESTION}))
+    assert reply.choices[0].message.content == _text(folder, want)
+    assert reply.usage.completion_tokens == len(want)
+
+
+def test_openai_audio_from_the_thinking_model_is_a_400_naming_why(openai_client):
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(
+            model=THINKING_OMNI, messages=_user({"type": "text", "text": QUESTION}),
+            modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"},
+            max_tokens=4)
+    # the gRPC error's reason, as test_a_thinking_folder_replies_as_transformers_and_refuses_audio
+    assert all(word in info.value.message for word in ("modalities", "talker", "audio_decoder"))
+    ok = openai_client.chat.completions.create(
+        model=THINKING_OMNI, messages=_user({"type": "text", "text": QUESTION}), max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+
+
+# --- across turns -----------------------------------------------------------------------
+
+# a long first message, then follow-ups long enough that each turn's prompt passes at least
+# one more KV block than the last
+CONVERSATION = [
+    "Tell me a story about a lighthouse keeper who finds a message in a bottle on the shore "
+    "one stormy night, reads it by the light of the lamp, and decides to find its writer.",
+    "Who wrote the message, and where did the keeper travel to find that person in the end?",
+    "Did the keeper answer it before the winter came, or did the letter wait until the spring?",
+]
+QUERIES, HITS = "omni_llm_prefix_cache_queries_total", "omni_llm_prefix_cache_hits_total"
+
+
+def _prefix_cache(server) -> tuple[float, float]:
+    text = server.metrics()
+    return metric(text, QUERIES, THINKER), metric(text, HITS, THINKER)
+
+
+def test_a_conversation_replies_as_transformers_and_its_prefix_cache_hits_rise(server, url,
+                                                                                folder):
+    """Each turn carries the earlier ones in `history`: its reply is transformers' to the
+    whole conversation in the checkpoint's chat template, and the thinker finds the
+    conversation so far in its prefix cache (every full block of the previous prompt)."""
+    history: list[dict] = []
+    turns = []
+    for i, text in enumerate(CONVERSATION):
+        want = _text(folder, thinker_reply(folder, [*history, {"role": "user", "content": text}],
+                                           max_new_tokens=GREEDY["max_tokens"]))
+        queries, hits = _prefix_cache(server)
+        result = run_omni(url, model=OMNI_MODEL, text=text, sampling=GREEDY,
+                          session_id="qwen3-conversation", history=history)
+        assert result.error is None, result.error
+        assert result.text == want, i
+        idle = wait_idle(server, (THINKER,), (OMNI_MODEL,))
+        assert not any(idle.values()), idle  # so the counters below are final
+        after = _prefix_cache(server)
+        turns.append({"queries": after[0] - queries, "hits": after[1] - hits,
+                      "prompt": result.metrics["usage"]["prompt_tokens"]})
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": want}]
+    print("\nprefix cache per turn (hits/queries): " + "; ".join(
+        f"{t['hits']:.0f}/{t['queries']:.0f}" for t in turns))
+    assert [t["queries"] for t in turns] == [t["prompt"] for t in turns], turns
+    assert turns[0]["hits"] == 0, turns  # nothing of this conversation was cached yet
+    for previous, turn in zip(turns, turns[1:]):
+        assert turn["hits"] >= previous["prompt"] // BLOCK_SIZE * BLOCK_SIZE, turns
+    assert turns[0]["hits"] < turns[1]["hits"] < turns[2]["hits"], turns
