@@ -1,7 +1,8 @@
 """Arguments of one omni_encoder stage, read from its engine.json (Triton stub and tests).
 
 Validated once at load time: a bad or unknown key fails the stage before it
-serves. The media limits are enforced per request by `omni_serve.encoder.media`.
+serves. The media limits are enforced per request by `omni_serve.encoder.media` and
+`omni_serve.encoder.video`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ Modality = Literal["image", "audio"]
 
 
 class MediaLimits(BaseModel):
-    """Limits on one media item, checked before any decoding work (omni_serve.encoder.media):
+    """Limits on one media item, checked before any decoding work (omni_serve.encoder.media,
+    omni_serve.encoder.video):
     an encoder stage's, and those of an LLM stage that takes raw media."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,6 +28,12 @@ class MediaLimits(BaseModel):
     min_image_side: int = Field(default=1, ge=1)
     max_audio_seconds: float = Field(default=300.0, gt=0.0)
     sample_rate: int = Field(default=16000, ge=1000, description="the audio tower's input rate")
+    # Video (omni_serve.encoder.video), checked on the container's header before any frame is
+    # decoded: decoding reads at most max_video_frames frames of at most max_video_pixels each.
+    max_video_bytes: int = Field(default=128 * 2**20, ge=1, description="encoded size of one clip")
+    max_video_seconds: float = Field(default=120.0, gt=0.0)
+    max_video_frames: int = Field(default=7200, ge=2, description="frames in the video stream")
+    max_video_pixels: int = Field(default=1920 * 1080, ge=1, description="width x height of a frame")
 
     @model_validator(mode="after")
     def _check_limits(self) -> MediaLimits:

@@ -196,6 +196,9 @@ class Family:
     # defaults where a family has none
     speech_chunks: Mapping[str, int] = field(default_factory=dict)
     speech: SpeechFeed | None = None
+    # how its reference processor samples and sizes a clip's frames
+    # (omni_serve.encoder.video.VideoSampling; None: the family takes no video)
+    video: Any = None
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -1,8 +1,9 @@
 """Qwen2.5-Omni (Qwen/Qwen2.5-Omni-3B, -7B): the family's checkpoint layout, defaults and feeds.
 
-Imported by omni_serve.families (any process), with the two plain modules:
+Imported by omni_serve.families (any process), with the three plain modules:
 - media_tokens.py: the thinker's media-token accounting (25 audio tokens a second);
-- speech.py: the orchestrator's side (talker and Token2Wav requests, codes [frames, 1]).
+- speech.py: the orchestrator's side (talker and Token2Wav requests, codes [frames, 1]);
+- video.py: how its processor samples and sizes a clip's frames (2 a second).
 The stage-side modules are named by path and loaded only in the process that runs them:
 - thinker.py: vLLM's Qwen2.5-Omni thinker with the image-rows fix (vLLM worker);
 - talker_model.py, talker_engine.py: the talker as a vLLM model and its
@@ -21,6 +22,7 @@ from __future__ import annotations
 from omni_serve.families import Family
 from omni_serve.families.qwen2_5_omni.media_tokens import Qwen25OmniMediaTokens
 from omni_serve.families.qwen2_5_omni.speech import Qwen25OmniSpeech
+from omni_serve.families.qwen2_5_omni.video import VIDEO_SAMPLING
 
 # Qwen2.5-Omni's own (its model card): the talker speaks only with this one
 SYSTEM_PROMPT = (
@@ -62,4 +64,5 @@ FAMILY = Family(
     encoders=f"{__name__}.encoders:load",
     decoder=f"{__name__}.token2wav:Token2Wav",
     decoder_context=f"{__name__}.token2wav_context:chunk_context",
+    video=VIDEO_SAMPLING,
 )

@@ -14,14 +14,16 @@ The stage-side modules are named by path and loaded only where they run:
 - talker_model.py, talker_engine.py: the talker and its code predictor as a vLLM
   model and its per-step feed (vLLM engine core / worker);
 - talker_prompt.py: the talker stage's side (prompt, sampling, stops, frames).
-With the plain module speech.py: the orchestrator's side (talker and Code2Wav
-requests, codes [frames, 16]).
+With the plain modules speech.py: the orchestrator's side (talker and Code2Wav
+requests, codes [frames, 16]), and video.py: how its processor samples and sizes a clip's
+frames (1 a second).
 Still outside: tools/omni_tools/tiny_qwen3_omni.py builds the tiny checkpoint.
 """
 from __future__ import annotations
 
 from omni_serve.families import Family
 from omni_serve.families.qwen3_omni_moe.speech import Qwen3OmniSpeech
+from omni_serve.families.qwen3_omni_moe.video import VIDEO_SAMPLING
 
 # OpenAI's voices onto the talker's speakers (config.json talker_config.speaker_id), by
 # how they sound: the female-sounding ones to Chelsie, the others to Ethan and Aiden.
@@ -65,4 +67,5 @@ FAMILY = Family(
     talker=f"{__name__}.talker_prompt:TalkerPrompter",
     decoder=f"{__name__}.code2wav:Code2Wav",
     decoder_context=f"{__name__}.code2wav_context:chunk_context",
+    video=VIDEO_SAMPLING,
 )
