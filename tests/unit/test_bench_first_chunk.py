@@ -26,8 +26,12 @@ def test_stalls_are_the_gaps_a_listener_hears(chunks, expected):
         expected[0], pytest.approx(expected[1]), expected[2])
 
 
-def test_the_default_is_the_smallest_first_chunk_that_never_stalled():
-    cell = {4: {"stalled_requests": 3}, 8: {"stalled_requests": 0},
-            12: {"stalled_requests": 0}, 24: {"stalled_requests": 1}}
-    assert choose(cell) == 8
-    assert choose({4: {"stalled_requests": 1}}) is None
+def test_the_default_is_the_smallest_first_chunk_the_second_never_came_late_after():
+    def cells(**late):
+        return {int(k[1:]): {"second_chunk_late": v, "stalled_requests": 9} for k, v in late.items()}
+
+    assert choose({1: cells(f4=3, f8=0, f12=0, f24=1)}) == 8
+    # 8 was followed late once at concurrency 4: 12 is the smallest that never was
+    assert choose({1: cells(f4=3, f8=0, f12=0), 4: cells(f4=5, f8=1, f12=0)}) == 12
+    assert choose({1: cells(f4=1)}) is None
+    assert choose({}) is None
