@@ -33,5 +33,7 @@ def test_the_default_is_the_smallest_first_chunk_the_second_never_came_late_afte
     assert choose({1: cells(f4=3, f8=0, f12=0, f24=1)}) == 8
     # 8 was followed late once at concurrency 4: 12 is the smallest that never was
     assert choose({1: cells(f4=3, f8=0, f12=0), 4: cells(f4=5, f8=1, f12=0)}) == 12
+    # at concurrency 4 every size was: the decoder is slower than real time there, no vote
+    assert choose({1: cells(f12=3, f24=2, f48=0), 4: cells(f12=5, f24=2, f48=1)}) == 48
     assert choose({1: cells(f4=1)}) is None
     assert choose({}) is None

@@ -171,7 +171,8 @@ class OrchestratorConfig(RefusesRemovedSettings):
     # Thinker defaults (a request's sampling_parameters override them).
     thinker_sampling: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 64})
     # Speech: the talker's codes go to the audio decoder in chunks of
-    # `chunk_codes` (the first `first_chunk_codes`) with at least
+    # `chunk_codes` (the first `first_chunk_codes`; both default to the family's
+    # `speech_chunks`, measured, else the values below) with at least
     # `left_context_codes` codes of left context aligned to `align_codes` and
     # `right_context_codes` of right context. omni-gen-repo sets the three from
     # the checkpoint (its family's `decoder_context`: for the default family the DiT's

@@ -12,7 +12,8 @@ tokens (ignore_eos) spoken as `--codes-per-token` talker codes per token (min_to
 Per request the client plays the audio as it comes: playback starts when the first
 chunk arrives, and a chunk that arrives after the audio before it has finished
 playing is a stall (its wait is stall time). The smallest first chunk after which
-the second chunk never came late, at any concurrency measured, is the family's default
+the second chunk never came late (at every concurrency where some size managed that)
+is the family's default
 (`Family.speech_chunks`); docs/omni-chat.md has the figures.
 
     omni-bench first-chunk -- --models tiny qwen3-tiny --first 4 8 12 24
@@ -160,13 +161,16 @@ def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def choose(levels: dict[int, dict[int, dict[str, Any]]]) -> int | None:
-    """The smallest first chunk after which the second chunk never came late, at any
-    concurrency measured (`levels`: {concurrency: {first: cell}}); None if there is none.
+    """The smallest first chunk after which the second chunk never came late (`levels`:
+    {concurrency: {first: cell}}), at every concurrency where some size managed that.
 
-    The first chunk's size decides only that gap: later stalls mean the decoder voices
-    slower than real time at that load, which no first-chunk size covers."""
-    firsts = set.intersection(*(set(cells) for cells in levels.values())) if levels else set()
-    ok = [f for f in firsts if all(cells[f]["second_chunk_late"] == 0 for cells in levels.values())]
+    The first chunk's size decides only that gap. A level where the second chunk came late
+    after every size tried is one where the decoder voices slower than real time: no first
+    chunk covers it, so it does not vote. None when no level has a size that managed."""
+    clean = {c: {f for f, cell in cells.items() if cell["second_chunk_late"] == 0}
+             for c, cells in levels.items()}
+    voting = [ok for ok in clean.values() if ok]
+    ok = set.intersection(*voting) if voting else set()
     return min(ok) if ok else None
 
 
@@ -199,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             write_results(args.out, results)
     for model, r in results["models"].items():
         print(f"{model} ({r['family']}): smallest first chunk the second never came late "
-              f"after, at concurrency "
-              f"{', '.join(map(str, args.concurrency))}: {r['default']}", flush=True)
+              f"after: {r['default']}", flush=True)
     return 0
 
 
