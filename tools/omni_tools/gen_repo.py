@@ -42,7 +42,7 @@ from omni_serve.contract import (
     MAX_QUEUED_ARG,
 )
 
-from . import checkpoint
+from . import checkpoint, deploy
 from .spec import (
     SPECS_DIR,
     InstancesSpec,
@@ -257,7 +257,7 @@ def _check_stage_config(spec: PipelineSpec, name: str, backend: str, engine: dic
             f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors()]) from None
 
 
-def plan(spec: PipelineSpec, *, resolve_models: bool = True,
+def plan(spec: PipelineSpec, *, resolve_models: bool = True, check_paths: bool = True,
          triton_version: TritonVersion = DEFAULT_TRITON_VERSION) -> list[StagePlan]:
     """Validate `spec` again and build every stage's files in memory.
 
@@ -266,9 +266,10 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True,
     every stage's engine_args with the stage's own config class all the same. Keys the
     `triton_version` release does not accept are SpecErrors naming the stage,
     the key and the first release that has it (omni_tools.triton_versions).
+    `check_paths=False` (with `resolve_models=False`) leaves checkpoint folders unchecked.
     """
     spec = parse_spec(spec.model_dump(exclude_none=True), base_dir=spec.base_dir,
-                      source=spec.source)
+                      source=spec.source, check_paths=check_paths or resolve_models)
     too_new = version_problems(spec.stages, triton_version)
     if too_new:
         raise SpecError(spec.source, too_new)
@@ -475,6 +476,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-presets", action="store_true", help="list the shipped specs")
     parser.add_argument("--print-schema", action="store_true",
                         help="print the JSON schema of a pipeline spec and exit")
+    deploy.add_arguments(parser)
     return parser
 
 
@@ -492,6 +494,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "give either a spec file or --preset NAME (exactly one)"
     if args.model is not None and args.preset is None:
         return "--model goes with --preset (a spec file names its models itself)"
+    if args.check and args.deploy:
+        return "--check writes nothing; drop --deploy"
     if args.check and args.output is not None:
         return "--check writes nothing; drop -o/--output"
     if not args.check and args.output is None:
@@ -548,14 +552,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.model is not None:
             spec = _preset_with_model(args.preset, args.model)
         else:
-            spec = load_preset(args.preset) if args.preset else load_spec(args.spec)
+            # --deploy: the model paths are the containers', not this machine's
+            spec = load_preset(args.preset) if args.preset \
+                else load_spec(args.spec, check_paths=not args.deploy)
+        if args.deploy:  # what the init containers' omni-gen-repo would refuse, refused here
+            plan(spec, resolve_models=False, check_paths=False,
+                 triton_version=args.triton_version)
+            options = deploy.options_from_args(args)
+            written = deploy.write(spec, args.deploy, args.output, options, force=args.force)
+            print(deploy.describe(spec, args.deploy, written, options))
+            return 0
         if args.check:
             plans = plan(spec, resolve_models=False, triton_version=args.triton_version)
             print(f"OK: {spec.source}: pipeline {spec.pipeline} for Triton "
                   f"{args.triton_version.label}\n{_describe(plans)}")
             return 0
         plans = generate(spec, args.output, force=args.force, triton_version=args.triton_version)
-    except (SpecError, RepoError, OSError) as e:
+    except (SpecError, RepoError, deploy.DeployError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.output).absolute()

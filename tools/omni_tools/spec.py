@@ -297,7 +297,7 @@ class StageSpec(_Strict):
         name = tiny_model_name(model)
         if name is not None:
             check_tiny_name(name)
-        else:
+        elif (info.context or {}).get("check_paths", True):
             backend = info.data.get("backend")
             marker = CONTRACTS[backend].checkpoint_marker if backend in CONTRACTS else "config.json"
             resolve_model_path(model, _base_dir(info), marker)
@@ -710,14 +710,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def parse_spec(data: Any, *, base_dir: Path | None = None, source: str = "<spec>") -> PipelineSpec:
-    """Validate already-parsed spec data; raises SpecError listing every problem."""
+def parse_spec(data: Any, *, base_dir: Path | None = None, source: str = "<spec>",
+               check_paths: bool = True) -> PipelineSpec:
+    """Validate already-parsed spec data; raises SpecError listing every problem.
+
+    `check_paths=False` leaves checkpoint folders unchecked: they are paths on another
+    machine (`omni-gen-repo --deploy` writes manifests for containers that mount them)."""
     if not isinstance(data, Mapping):
         message = f"the spec must be a mapping (pipeline, stages, ...), not {type(data).__name__}"
         raise SpecError(source, [message])
     base_dir = (base_dir or Path.cwd()).resolve()
     try:
-        spec = PipelineSpec.model_validate(data, context={"base_dir": base_dir})
+        spec = PipelineSpec.model_validate(data, context={"base_dir": base_dir,
+                                                          "check_paths": check_paths})
     except ValidationError as e:
         problems = [line for err in e.errors() for line in _error_lines(err)]
         raise SpecError(source, problems) from None
@@ -726,7 +731,7 @@ def parse_spec(data: Any, *, base_dir: Path | None = None, source: str = "<spec>
     return spec
 
 
-def load_spec(path: str | os.PathLike[str]) -> PipelineSpec:
+def load_spec(path: str | os.PathLike[str], *, check_paths: bool = True) -> PipelineSpec:
     """Read and validate a spec file; relative model paths are relative to its folder."""
     path = Path(path)
     try:
@@ -737,7 +742,7 @@ def load_spec(path: str | os.PathLike[str]) -> PipelineSpec:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
         raise SpecError(str(path), [_yaml_problem(e)]) from None
-    return parse_spec(data, base_dir=path.parent, source=str(path))
+    return parse_spec(data, base_dir=path.parent, source=str(path), check_paths=check_paths)
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
