@@ -43,12 +43,15 @@ def load(folder: str | Path) -> tuple[Any, Any]:
 
 
 def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]]) -> Any:
-    """The processor's tensors for a chat: images and audio taken from the parts that carry them.
+    """The processor's tensors for a chat: images, audio and videos taken from the parts that
+    carry them.
 
-    A part `{"type": "image", "image": PIL.Image}` or `{"type": "audio", "audio": float32 16 kHz
-    samples}` renders as its placeholder and is passed to the processor in order.
+    A part `{"type": "image", "image": PIL.Image}`, `{"type": "audio", "audio": float32 16 kHz
+    samples}` or `{"type": "video", "video": uint8 [T, H, W, 3] frames}` renders as its
+    placeholder and is passed to the processor in order; a video's frames are taken as they
+    are (the processor's default `do_sample_frames=False`; its positions assume its default fps).
     """
-    images, audio = [], []
+    images, audio, videos = [], [], []
     for message in messages:
         content = message["content"]
         for part in [] if isinstance(content, str) else content:
@@ -56,8 +59,11 @@ def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]]) -> A
                 images.append(part["image"])
             elif part.get("type") == "audio":
                 audio.append(np.asarray(part["audio"], dtype=np.float32))
+            elif part.get("type") == "video":
+                videos.append(part["video"])
     prompt = processor.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return processor(text=prompt, images=images or None, audio=audio or None, return_tensors="pt")
+    return processor(text=prompt, images=images or None, audio=audio or None,
+                     videos=videos or None, return_tensors="pt")
 
 
 def thinker_reply(folder: str | Path, messages: Sequence[Mapping[str, Any]], *,

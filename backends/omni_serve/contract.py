@@ -31,6 +31,7 @@ class LLM:
     EMBEDDING_REQUEST = "embedding_request"
     # Omni extras.
     AUDIO = "audio"
+    VIDEO = "video"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     MESSAGES = "messages"
     IMAGE_EMBEDS = "image_embeds"
@@ -113,6 +114,10 @@ LLM_CONTRACT = StageContract(
                    doc="audio models on vLLM's own processor: the sound files (WAV, FLAC, "
                        "OGG, MP3) of text_input, one per element, decoded to mono at the "
                        "model's feature rate"),
+        TensorSpec(LLM.VIDEO, "TYPE_STRING", (-1,), optional=True,
+                   doc="video models on vLLM's own processor: the video files (MP4, MOV, MKV, "
+                       "WebM, AVI) of text_input, one per element; their frames are sampled as "
+                       "the model family's processor samples them, without their sound"),
         TensorSpec(LLM.EMBEDDING_REQUEST, "TYPE_STRING", (1,), optional=True,
                    doc="pooling models: JSON {\"input\": text or token ids, \"pooling_params\": "
                        "{\"dimensions\": [n]}}; text_output is the embedding as a JSON list"),
@@ -350,6 +355,7 @@ class OMNI:
     TEXT_INPUT = "text_input"
     IMAGE = "image"
     AUDIO = "audio"
+    VIDEO = "video"
     MODALITIES = "modalities"
     SAMPLING_PARAMETERS = "sampling_parameters"
     VOICE = "voice"
@@ -384,6 +390,9 @@ OMNI_CONTRACT = StageContract(
                    doc="an image file's bytes (PNG, JPEG, WebP, ...)"),
         TensorSpec(OMNI.AUDIO, "TYPE_STRING", (1,), optional=True,
                    doc="an audio file's bytes (WAV, FLAC, OGG)"),
+        TensorSpec(OMNI.VIDEO, "TYPE_STRING", (1,), optional=True,
+                   doc="a video file's bytes (MP4, MOV, MKV, WebM, AVI); its frames, without "
+                       "its sound, for a thinker that takes video"),
         TensorSpec(OMNI.MODALITIES, "TYPE_STRING", (-1,), optional=True,
                    doc='outputs wanted, any of "text", "audio", "image" (default: text)'),
         TensorSpec(OMNI.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,

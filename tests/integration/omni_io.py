@@ -57,12 +57,12 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
                 seed: int | None = None, session_id: str | None = None,
                 history: list[dict] | str | None = None, talker_sampling: dict | None = None,
                 stream_audio: bool | None = None, return_codec_ids: bool = False,
-                task: str | None = None):
+                task: str | None = None, video: bytes | None = None):
     ins = [_tensor(OMNI.TEXT_INPUT, np.array([text.encode()], dtype=object), "BYTES")]
     if modalities is not None:
         ins.append(_tensor(OMNI.MODALITIES, np.array([m.encode() for m in modalities], dtype=object),
                            "BYTES"))
-    for name, data in ((OMNI.IMAGE, image), (OMNI.AUDIO, audio)):
+    for name, data in ((OMNI.IMAGE, image), (OMNI.AUDIO, audio), (OMNI.VIDEO, video)):
         if data is not None:
             ins.append(_tensor(name, np.array([data], dtype=object), "BYTES"))
     if sampling is not None:

@@ -40,7 +40,8 @@ from PIL import Image
 
 from omni_tools.server import OpenAIFrontend
 from omni_tools.tiny_models import ensure_model
-from tests.qwen3_reference import load, reference, thinker_reply
+from tests.qwen3_reference import load, processor_inputs, reference, thinker_reply
+from tests.video_clip import clip
 from tests.wav_check import STEP
 
 from .llm_io import cancel_limit, metric, wait_idle
@@ -82,7 +83,7 @@ def server(text_chat_server, folder, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3-omni")
     spec = {"pipeline": "qwen3-omni-chat", "entry": OMNI_MODEL, "stages": {
         THINKER: {"backend": "omni_llm", "model": folder, "engine_args": {
-            "limit_mm_per_prompt": {"image": 1, "audio": 1, "video": 0},
+            "limit_mm_per_prompt": {"image": 1, "audio": 1, "video": 1},
             "max_model_len": 2048, "max_num_seqs": 8, "dtype": "float32",
             "enforce_eager": True, "block_size": BLOCK_SIZE}},
         # compiled, as the preset runs it (the thinker's compiled path is vLLM's own)
@@ -152,6 +153,63 @@ def test_the_reply_equals_qwen3_omni_in_transformers(url, folder, case):
     assert result.error is None, result.error
     assert result.text == _text(folder, want)
     assert result.metrics["usage"]["completion_tokens"] == len(want)
+
+
+# --- video (without its sound) -----------------------------------------------------------
+
+VIDEO_QUESTION = "what happens in this video?"
+
+
+@functools.lru_cache(maxsize=2)
+def _video_reference(folder: str, data: bytes) -> tuple[list[int], int]:
+    """transformers' (reply ids, prompt tokens) to VIDEO_QUESTION about the video file `data`.
+
+    Its frames are transformers' own: its pyav loading, with its video processor's sampling at
+    the family's 1 frame a second (torchcodec, its default reader, is not installed here)."""
+    import tempfile
+    from pathlib import Path
+
+    from transformers.video_utils import load_video
+
+    sample = functools.partial(load(folder)[1].video_processor.sample_frames, fps=1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "clip.mp4").write_bytes(data)
+        frames, _ = load_video(str(Path(tmp) / "clip.mp4"), backend="pyav",
+                               sample_indices_fn=sample)
+    assert tuple(frames.shape) == (4, 64, 64, 3)
+    messages = [{"role": "user", "content": [{"type": "video", "video": np.asarray(frames)},
+                                             {"type": "text", "text": VIDEO_QUESTION}]}]
+    prompt_tokens = processor_inputs(load(folder)[1], messages)["input_ids"].shape[1]
+    return thinker_reply(folder, messages, max_new_tokens=GREEDY["max_tokens"]), prompt_tokens
+
+
+def test_a_video_gets_the_reply_of_qwen3_omni_in_transformers(url, folder):
+    """A 2.5 s clip (10 fps, 64x64): 4 frames, resized to 384x384, 2 x 12 x 12 video tokens at
+    M-RoPE times 0 and 26 (2 s a grid x 13 positions a second). The reply depends on both:
+    these frames reversed, or positions of 1 s a grid, give other replies."""
+    data = clip(fps=10, frames=25, size=(64, 64))
+    want, prompt_tokens = _video_reference(folder, data)
+    result = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, sampling=GREEDY, video=data)
+    assert result.error is None, result.error
+    assert result.text == _text(folder, want)
+    assert result.metrics["usage"] == {"prompt_tokens": prompt_tokens,
+                                       "completion_tokens": len(want)}
+
+
+def test_a_bad_clip_is_invalid_arg_naming_video_and_the_next_request_succeeds(url, folder):
+    garbage = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, sampling=GREEDY,
+                       video=np.random.default_rng(0).bytes(5000))
+    assert error_code(garbage.error) == "INVALID_ARG"
+    assert "video: not a decodable video file" in str(garbage.error)
+    # cut inside its frames, its index first: the header passes, the thinker's decoding fails
+    whole = clip(fps=10, frames=25, size=(64, 64), faststart=True)
+    cut = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, sampling=GREEDY,
+                   video=whole[: len(whole) * 6 // 10])
+    assert error_code(cut.error) == "INVALID_ARG"
+    assert "thinker" in str(cut.error) and "video[0]: truncated or corrupt video" in str(cut.error)
+    ok = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, sampling=GREEDY, video=whole)
+    assert ok.error is None, ok.error
+    assert ok.text == _text(folder, _video_reference(folder, whole)[0])
 
 
 def test_a_thinking_folder_replies_as_transformers_and_refuses_audio(url):

@@ -148,7 +148,7 @@ def test_a_folder_missing_the_thinker_reports_the_speech_parts_too(omni_dir, tmp
 
 
 def test_a_qwen3_omni_folder_leaves_out_the_stages_its_family_does_without(tmp_path, capsys):
-    """Qwen3-Omni's thinker takes images and audio raw (no encoder stages); its talker and
+    """Qwen3-Omni's thinker takes images, audio and video raw (no encoder stages); its talker and
     Code2Wav speak, with Code2Wav's chunk context and the talker's speakers in the
     orchestrator's engine.json."""
     from omni_serve.families.qwen3_omni_moe.code2wav_context import chunk_context
@@ -170,6 +170,9 @@ def test_a_qwen3_omni_folder_leaves_out_the_stages_its_family_does_without(tmp_p
     assert omni["voices"] == list(config["talker_config"]["speaker_id"])
     for stage in ("llm", "talker", "audio_decoder"):
         assert json.loads((repo / stage / "engine.json").read_text())["model"] == str(folder)
+    # its thinker takes a request's video (the Qwen2.5-Omni preset's takes none)
+    assert json.loads((repo / "llm" / "engine.json").read_text())["limit_mm_per_prompt"] == {
+        "image": 1, "audio": 1, "video": 1}
 
 
 def test_a_qwen3_omni_thinking_folder_serves_text_without_the_speech_stages(tmp_path, capsys):

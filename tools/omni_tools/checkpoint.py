@@ -63,7 +63,8 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
     export) serves text: the talker and audio decoder are left out together
     and a request for audio out fails clearly ("no talker"). So are the stages
     the folder's family does without: the encoder of a modality its thinker takes
-    raw (`Family.raw_media`), the speech stages of a family with no speech feed.
+    raw (`Family.raw_media`), the speech stages of a family with no speech feed. A
+    thinker that takes video raw gets one video a prompt where the preset allows none.
     """
     stages = data["stages"]
     orchestrators = [n for n, s in stages.items() if s["backend"] == "omni_orchestrator"]
@@ -86,6 +87,9 @@ def point_preset_at(data: dict[str, Any], folder: Path) -> tuple[dict[str, Any],
                     if isinstance(roles.get(f"{kind}_encoder"), str)]
         if family.speech is None:
             dropped += speech  # a family with text out only (so far)
+        limits = stages[thinker].get("engine_args", {}).get("limit_mm_per_prompt")
+        if "video" in family.raw_media and isinstance(limits, dict) and limits.get("video") == 0:
+            limits["video"] = 1  # its thinker takes a request's video (the preset's has none)
     if speech_roles and not set(speech) <= set(dropped) and problems(
             folder, speech_roles) and not problems(folder, ["thinker"]):
         dropped += speech  # no speech parts in this folder: serve text

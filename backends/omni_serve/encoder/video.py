@@ -338,6 +338,53 @@ def _decode(container: Any, stream: Any, indices: np.ndarray, total: int,
     return frames
 
 
+@dataclass(frozen=True)
+class ClipHeader:
+    """What a clip's header says, checked, before any frame is decoded."""
+
+    width: int
+    height: int
+    fps: float  # the video stream's average frame rate
+    total_frames: int
+    indices: np.ndarray  # int64: the frame numbers the family's processor samples
+
+    def grid_thw(self, sampling: VideoSampling) -> tuple[int, int, int]:
+        """The processor's `video_grid_thw` of the sampled frames."""
+        return sampling.grid_thw(len(self.indices), self.height, self.width)
+
+
+def _header(container: Any, limits: MediaLimits, sampling: VideoSampling) -> tuple[Any, ClipHeader]:
+    """The video stream and its checked header (RequestError("video", ...) naming the limit)."""
+    stream = _video_stream(container)
+    ctx = stream.codec_context
+    _check_frame_size(ctx.width, ctx.height, limits)
+    video_fps = _frame_rate(stream)
+    _check_seconds(_header_seconds(container), limits)
+    total = int(stream.frames or 0)
+    _check_frame_count(total, limits)
+    if total <= 0:
+        total = _count_packets(container, stream, limits)
+    _check_seconds(total / video_fps, limits)
+    if total < sampling.temporal_patch:
+        raise RequestError(FIELD, f"the video stream has {total} frames; at least "
+                                  f"{sampling.temporal_patch} are needed")
+    return stream, ClipHeader(width=int(ctx.width), height=int(ctx.height), fps=video_fps,
+                              total_frames=total,
+                              indices=sampling.frame_indices(total, video_fps))
+
+
+def probe_video(data: bytes, limits: MediaLimits, sampling: VideoSampling) -> ClipHeader:
+    """The checks of `decode_video` that need no decoded frame (size, container, streams,
+    codecs, frame size, frame count, duration): RequestError("video", ...) as it raises them.
+    A file cut short inside its frames passes here and is refused when decoded."""
+    _check_size(data, limits)
+    container = _open(data)
+    try:
+        return _header(container, limits, sampling)[1]
+    finally:
+        container.close()
+
+
 def decode_video(data: bytes, limits: MediaLimits, sampling: VideoSampling, *,
                  soundtrack: bool = True) -> Clip:
     """The clip in `data`, its frames sampled as `sampling` says, and its soundtrack.
@@ -352,24 +399,11 @@ def decode_video(data: bytes, limits: MediaLimits, sampling: VideoSampling, *,
     _check_size(data, limits)
     container = _open(data)
     try:
-        stream = _video_stream(container)
-        ctx = stream.codec_context
-        _check_frame_size(ctx.width, ctx.height, limits)
-        video_fps = _frame_rate(stream)
-        _check_seconds(_header_seconds(container), limits)
-        total = int(stream.frames or 0)
-        _check_frame_count(total, limits)
-        if total <= 0:
-            total = _count_packets(container, stream, limits)
-        _check_seconds(total / video_fps, limits)
-        if total < sampling.temporal_patch:
-            raise RequestError(FIELD, f"the video stream has {total} frames; at least "
-                                      f"{sampling.temporal_patch} are needed")
-        indices = sampling.frame_indices(total, video_fps)
+        stream, header = _header(container, limits, sampling)
         sound = _soundtrack(container, limits) if soundtrack else None
-        frames = _decode(container, stream, indices, total, sound)
+        frames = _decode(container, stream, header.indices, header.total_frames, sound)
         audio = sound.samples_array() if sound is not None else None
     finally:
         container.close()
-    return Clip(frames=frames, indices=indices, fps=video_fps, total_frames=total, audio=audio,
-                sample_rate=limits.sample_rate)
+    return Clip(frames=frames, indices=header.indices, fps=header.fps,
+                total_frames=header.total_frames, audio=audio, sample_rate=limits.sample_rate)

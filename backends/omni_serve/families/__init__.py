@@ -172,7 +172,8 @@ class Family:
     # the encoder stage's: a loader `load(EncoderStageConfig) -> MediaEncoder`
     encoders: str | None = None
     # the modalities the thinker takes raw (its own vLLM processor and towers; no encoder
-    # stage): the orchestrator sends their files to the thinker's `image` / `audio` inputs
+    # stage): the orchestrator sends their files to the thinker's `image` / `audio` / `video`
+    # inputs
     raw_media: tuple[str, ...] = ()
     # where raw media's shapes come from for the talker's positions (orchestrator process):
     # `load(checkpoint folder)` -> an object whose `shapes(kind, file bytes)` returns

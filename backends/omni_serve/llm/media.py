@@ -58,6 +58,20 @@ class MediaShapes:
                    family.media_tokens)
 
 
+def video_sampling(config: Any) -> Any:
+    """How the checkpoint's model family samples a clip's frames (VideoSampling), None for a
+    model with no vision tower or of no family that takes video."""
+    thinker = getattr(config, "thinker_config", config)
+    if getattr(thinker, "vision_config", None) is None:
+        return None
+    model_types = {"model_type": getattr(config, "model_type", None),
+                   "thinker_config": {"model_type": getattr(thinker, "model_type", None)}}
+    try:
+        return families.for_config(model_types).video
+    except ValueError:
+        return None
+
+
 def multi_modal_data(media: Media, prompt: str, shapes: MediaShapes | None,
                      stage: str) -> dict[str, Any]:
     """vLLM's `multi_modal_data` for `prompt`; RequestError on anything that does not fit."""

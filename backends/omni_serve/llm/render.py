@@ -7,12 +7,13 @@ vLLM's completion path does. A chat the template refuses is the request's error.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from omni_serve.contract import LLM
 from omni_serve.errors import RequestError
 from omni_serve.llm.media import MediaShapes, multi_modal_data
-from omni_serve.llm.request import LLMRequest, decode_audio_files
+from omni_serve.llm.request import LLMRequest, decode_audio_files, decode_video_files
 
 
 async def render_prompt(engine: Any, prompt: dict) -> Any:
@@ -38,8 +39,11 @@ async def render_chat(engine: Any, messages: list[dict]) -> Any:
 
 
 async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes,
-                         stage: str, audio_rate: int = 16000) -> Any:
-    """The engine input of a (non-talker) request."""
+                         stage: str, audio_rate: int = 16000, video_sampling: Any = None) -> Any:
+    """The engine input of a (non-talker) request.
+
+    `video_sampling`: how the model's family samples a clip's frames (VideoSampling; None
+    for a model that takes no video)."""
     if req.prompt_token_ids is not None:
         vocab = engine.model_config.get_vocab_size()
         if max(req.prompt_token_ids) >= vocab:
@@ -49,13 +53,27 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
         return await render_prompt(engine, {"prompt_token_ids": req.prompt_token_ids})
     if req.messages is not None:
         return await render_chat(engine, req.messages)
-    if req.images or req.audios:  # raw media: the model's own processor takes them
-        data: dict[str, Any] = {"image": req.images} if req.images else {}
-        if req.audios:  # at the feature rate, so vLLM resamples nothing
-            data["audio"] = [(samples, audio_rate)
-                             for samples in decode_audio_files(req.audios, audio_rate)]
+    if req.images or req.audios or req.videos:  # raw media: the model's own processor takes them
+        data = await raw_media_data(req, stage, audio_rate, video_sampling)
         return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
     if req.media is None:
         return await render_prompt(engine, {"prompt": req.prompt})
     data = multi_modal_data(req.media, req.prompt, media_shapes, stage)
     return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
+
+
+async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int,
+                         video_sampling: Any) -> dict[str, Any]:
+    """vLLM's `multi_modal_data` of raw media: images as they are, sound at the feature rate
+    (so vLLM resamples nothing), each video as the frames its family's processor samples
+    (decoded in a thread: the engine loop goes on), all of them given to the processor, so
+    it samples none itself."""
+    data: dict[str, Any] = {"image": req.images} if req.images else {}
+    if req.audios:
+        data["audio"] = [(samples, audio_rate)
+                         for samples in decode_audio_files(req.audios, audio_rate)]
+    if req.videos:
+        if video_sampling is None:
+            raise RequestError(LLM.VIDEO, f"stage {stage} serves a model that takes no video")
+        data["video"] = await asyncio.to_thread(decode_video_files, req.videos, video_sampling)
+    return data

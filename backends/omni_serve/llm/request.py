@@ -58,6 +58,9 @@ class LLMRequest:
     # sound files for an audio model's own processor (decoded by the stage, which knows
     # the model's feature rate)
     audios: list[bytes] | None = None
+    # video files for a video model's own processor (decoded by the stage, which knows how
+    # the model's family samples frames)
+    videos: list[bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,8 +181,9 @@ def parse_request(
         field = LLM.IMAGE_EMBEDS if media.image_embeds is not None else LLM.AUDIO_FEATURES
         raise RequestError(field, f"needs a {LLM.TEXT_INPUT} with placeholder tokens")
     images = None if embed is not None else _images(tensors.get(LLM.IMAGE))
-    audios = None if embed is not None else _audio_files(tensors.get(LLM.AUDIO))
-    for name, raw in ((LLM.IMAGE, images), (LLM.AUDIO, audios)):
+    audios = None if embed is not None else _files(LLM.AUDIO, tensors.get(LLM.AUDIO), "a sound")
+    videos = None if embed is not None else _files(LLM.VIDEO, tensors.get(LLM.VIDEO), "a video")
+    for name, raw in ((LLM.IMAGE, images), (LLM.AUDIO, audios), (LLM.VIDEO, videos)):
         if raw and (prompt is None or media is not None):
             raise RequestError(name, f"needs a {LLM.TEXT_INPUT} and no "
                                      f"{LLM.IMAGE_EMBEDS} / {LLM.AUDIO_FEATURES}")
@@ -208,7 +212,7 @@ def parse_request(
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=ids,
                       media=media, messages=messages, lora_name=lora_name, images=images,
-                      audios=audios, embed=embed, **flags)
+                      audios=audios, videos=videos, embed=embed, **flags)
 
 
 # what one raw image or sound file may be (the encoder stage's defaults)
@@ -250,15 +254,15 @@ def _images(arr: np.ndarray | None) -> list[Any] | None:
     return images or None
 
 
-def _audio_files(arr: np.ndarray | None) -> list[bytes] | None:
-    """The `audio` elements: a sound file's bytes each (decoded by the stage)."""
+def _files(name: str, arr: np.ndarray | None, what: str) -> list[bytes] | None:
+    """The `audio` / `video` elements: a file's bytes each (decoded by the stage)."""
     if arr is None:
         return None
     files = []
     for i, value in enumerate(np.asarray(arr).reshape(-1)):
         data = value.encode("latin-1") if isinstance(value, str) else bytes(value)
         if not data:
-            raise RequestError(f"{LLM.AUDIO}[{i}]", "is empty; send a sound file's bytes")
+            raise RequestError(f"{name}[{i}]", f"is empty; send {what} file's bytes")
         files.append(data)
     return files or None
 
@@ -268,6 +272,16 @@ def decode_audio_files(files: list[bytes], sample_rate: int) -> list[np.ndarray]
     limits = MEDIA_LIMITS.model_copy(update={"sample_rate": sample_rate})
     return [_decoded(f"{LLM.AUDIO}[{i}]", media_files.decode_audio, data, limits)
             for i, data in enumerate(files)]
+
+
+def decode_video_files(files: list[bytes], sampling: Any) -> list[np.ndarray]:
+    """Each video file's frames (uint8 [T, H, W, 3]) as the model family's processor samples
+    them (`sampling`, omni_serve.encoder.video.VideoSampling), within the media limits,
+    without their sound."""
+    from omni_serve.encoder.video import decode_video
+
+    return [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, limits: decode_video(
+        d, limits, sampling, soundtrack=False).frames, data) for i, data in enumerate(files)]
 
 
 def _decoded(where: str, decode, data: bytes, limits=None):

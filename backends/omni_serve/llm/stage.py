@@ -19,7 +19,7 @@ from omni_serve.errors import RequestError, VerbatimRequestError
 from omni_serve.llm import hidden_states, logprobs, render, sampling
 from omni_serve.llm.engine_host import EngineHost
 from omni_serve.llm.lora import LoraTable
-from omni_serve.llm.media import MediaShapes
+from omni_serve.llm.media import MediaShapes, video_sampling
 from omni_serve.llm.metrics import Sink, StageMetrics
 from omni_serve.llm.request import LLMOutput, LLMRequest
 
@@ -60,6 +60,7 @@ class LLMStage:
         self.loras = loras or LoraTable()
         self.media_shapes: MediaShapes | None = None  # None: a text-only model
         self.audio_rate = 16000  # raw audio's rate for the model's processor, once started
+        self.video_sampling = None  # how its family samples a video's frames (None: no video)
         self.hidden_size = 0
         self._capture_dir: str | None = None  # where the engine writes hidden states
         self.hidden_states_unavailable = "the engine has not started"  # '' when available
@@ -77,6 +78,7 @@ class LLMStage:
         engine = self.host.engine
         self.media_shapes = MediaShapes.from_hf_config(engine.model_config.hf_config)
         self.audio_rate = feature_rate(self.host.engine_args["model"])
+        self.video_sampling = video_sampling(engine.model_config.hf_config)
         self.hidden_size = engine.model_config.get_hidden_size()
         if self._capture_dir is None:
             self.hidden_states_unavailable = ("the engine runs its own worker_extension_cls "
@@ -156,7 +158,7 @@ class LLMStage:
 
     async def _render(self, req: LLMRequest):
         return await render.render_request(self.host.engine, req, self.media_shapes, self.name,
-                                           self.audio_rate)
+                                           self.audio_rate, self.video_sampling)
 
     def _capture(self, params) -> hidden_states.CaptureFile:
         """A capture file for one request's hidden states, named in its SamplingParams.

@@ -199,9 +199,11 @@ class OmniPipeline:
         and, for speech, the shapes of the media the thinker takes raw.
 
         A modality the family's thinker takes raw (`raw_media`) goes to it as the file:
-        an image as base64 (the `image` input vllm_backend defined), audio as bytes. Its
-        talker's positions need the media's shapes, which the family's `raw_media_shapes`
-        reads from the same file (in a thread: the checkpoint's processor runs there).
+        an image as base64 (the `image` input vllm_backend defined), audio and video as
+        bytes (a video's header is checked here first, so a bad clip fails before any
+        stage). Its talker's positions need the media's shapes, which the family's
+        `raw_media_shapes` reads from the same file (in a thread: the checkpoint's processor
+        runs there).
         """
         jobs, roles, shape_jobs = [], [], []
         media: dict[str, np.ndarray] = {}
@@ -233,9 +235,21 @@ class OmniPipeline:
                 media[LLM.IMAGE_EMBEDS] = rows.reshape(-1, rows.shape[-1])
                 media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
                                                        dtype=np.int64).reshape(1, 3)
+        if req.video is not None:  # a raw-media family's (request parsing refused others)
+            await asyncio.to_thread(self._check_video, req.video)
+            kinds.append("video")
+            media[LLM.VIDEO] = np.array([req.video], dtype=np.object_)
         prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
         shapes = {k: v for found in await asyncio.gather(*shape_jobs) for k, v in found.items()}
         return media, prompt, shapes
+
+    def _check_video(self, data: bytes) -> None:
+        """RequestError("video", ...) for a clip the thinker would refuse, from its header alone
+        (the thinker decodes its frames; one cut short inside them is refused there)."""
+        from omni_serve.encoder.config import MediaLimits
+        from omni_serve.encoder.video import probe_video
+
+        probe_video(data, MediaLimits(), families.get(self.cfg.family).video)
 
     def _raw_shapes(self, kind: str, data: bytes) -> dict[str, np.ndarray]:
         """{image_grid_thw} / {audio_feature_lengths} of a raw media file ({} for a family

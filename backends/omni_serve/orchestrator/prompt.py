@@ -3,7 +3,7 @@
 Runs in the orchestrator's stub. One request (the spec's system prompt, the earlier
 turns, the user's media and text) becomes the messages of a chat, and the thinker
 tokenizer's `apply_chat_template` renders them, as transformers does for the
-omni models: each audio or image part becomes bos + one placeholder + eos, which the
+omni models: each audio, image or video part becomes bos + one placeholder + eos, which the
 llm stage expands to as many tokens as the encoder returned rows. The messages of
 turn N extend those of turn N-1 and its reply, so with a ChatML template (the Qwen
 family's) turn N's prompt extends turn N-1's prompt + reply and the engine's prefix
@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 from omni_serve.orchestrator.request import Turn
 
-Media = Literal["audio", "image"]
+Media = Literal["audio", "image", "video"]
 # Files beside the tokenizer that hold the template when tokenizer_config.json does not
 # (a processor's template, as the hub's omni checkpoints ship it).
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")

@@ -52,6 +52,7 @@ class OmniRequest:
     modalities: tuple[str, ...] = ("text",)
     image: bytes | None = None
     audio: bytes | None = None
+    video: bytes | None = None  # a video file: its frames, without its sound
     sampling: dict[str, Any] = field(default_factory=dict)
     voice: str | None = None
     seed: int | None = None
@@ -87,6 +88,8 @@ def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorCo
     if len(data) > cfg.max_media_bytes:
         raise RequestError(name, f"is {len(data)} bytes; at most {cfg.max_media_bytes} are allowed")
     if role is None and name not in cfg.raw_media:  # else its thinker takes the file
+        if name == OMNI.VIDEO:
+            raise RequestError(name, f"this pipeline's thinker ({cfg.family}) takes no video yet")
         raise RequestError(name, f"this pipeline has no {name} encoder stage")
     return data
 
@@ -230,6 +233,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         modalities=_modalities(tensors, cfg),
         image=_media(tensors, OMNI.IMAGE, cfg, cfg.stages.image_encoder),
         audio=_media(tensors, OMNI.AUDIO, cfg, cfg.stages.audio_encoder),
+        video=_media(tensors, OMNI.VIDEO, cfg, None),
         sampling=sampling,
         voice=_voice(tensors, cfg),
         seed=integer(OMNI.SEED, scalar(tensors, OMNI.SEED)),
@@ -243,6 +247,10 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
     )
     # Talker sampling and stream_audio only shape speech: without it they are
     # checked, then unused. Codec ids are an output, so asking for them needs speech.
+    if req.video is not None and req.wants_audio and req.task == "chat":
+        # the talker's positions would need the clip's grid, which it does not take yet
+        raise RequestError(OMNI.VIDEO, "speech about a video is not served yet: ask for "
+                                       f"text only ({OMNI.MODALITIES} [\"text\"])")
     if req.return_codec_ids and not req.wants_audio:
         raise RequestError(OMNI.MODALITIES, f"{OMNI.RETURN_CODEC_IDS} needs speech output: add "
                                             f"'audio' to {OMNI.MODALITIES} (or use task speech)")

@@ -2,7 +2,7 @@
 
 Imported by omni_serve.families (any process). The thinker is vLLM's own
 `Qwen3OmniMoeThinkerForConditionalGeneration` (vLLM maps the whole model's
-architecture to it), and it takes images and audio raw: vLLM accepts no
+architecture to it), and it takes images, audio and video raw: vLLM accepts no
 precomputed image inputs for this family, so its own processor and towers run
 in the thinker's engine and the family has no encoder stage (`raw_media`).
 The stage-side modules are named by path and loaded only where they run:
@@ -55,7 +55,7 @@ FAMILY = Family(
     voice_map={**OPENAI_VOICE_MAP, **{name: name for name in SPEAKERS}},
     # transformers' Qwen3OmniMoeForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
-    raw_media=("image", "audio"),
+    raw_media=("image", "audio", "video"),
     # 12 frames = 0.96 s: the smallest first chunk the second chunk followed in time at
     # concurrency 1 and 4 on the tiny checkpoint (omni-bench first-chunk; docs/omni-chat.md)
     speech_chunks={"first_chunk_codes": 12},

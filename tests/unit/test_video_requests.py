@@ -1,0 +1,154 @@
+"""A `video` through the omni entry model to a thinker that takes it raw, without a server.
+
+Runs in the pytest process. The orchestrator's side: request parsing (which families take
+video, what speech about a video gets), the clip's header checked before any stage runs, and
+the thinker's inputs (the file's bytes, the chat template's video placeholder). The llm
+stage's side: the `video` tensor parsed, and the frames vLLM's processor gets, which are the
+ones the family's processor samples (omni_serve.encoder.video, itself checked against
+transformers in test_video_decode.py).
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from omni_serve import families
+from omni_serve.contract import LLM, OMNI
+from omni_serve.encoder.config import MediaLimits
+from omni_serve.encoder.video import decode_video
+from omni_serve.errors import RequestError
+from omni_serve.llm import media as llm_media
+from omni_serve.llm.render import raw_media_data
+from omni_serve.llm.request import parse_request as parse_llm_request
+from omni_serve.orchestrator.pipeline import OmniPipeline
+from omni_serve.orchestrator.prompt import ChatPrompt
+from omni_serve.orchestrator.request import parse_request
+from tests.unit.test_orchestrator import ScriptedStages, config, tensors
+from tests.video_clip import clip
+
+QWEN3 = families.get("qwen3_omni_moe")
+
+
+@pytest.fixture(scope="module")
+def video() -> bytes:
+    return clip(fps=10, frames=25)  # 2.5 s: 4 frames at Qwen3-Omni's 1 frame a second
+
+
+@pytest.fixture(scope="module")
+def qwen3_prompt() -> ChatPrompt:
+    from omni_tools.tiny_qwen3_omni import QWEN3_OMNI_CHAT_TEMPLATE, build_qwen3_omni_tokenizer
+
+    tokenizer = build_qwen3_omni_tokenizer()
+    tokenizer.chat_template = QWEN3_OMNI_CHAT_TEMPLATE
+    return ChatPrompt(tokenizer)
+
+
+def qwen3_config(**overrides):
+    return config(family="qwen3_omni_moe", stages={"thinker": "llm"}, **overrides)
+
+
+def run(cfg, stages, prompt, request_tensors) -> None:
+    req = parse_request("r1", request_tensors, cfg)
+    asyncio.run(OmniPipeline(cfg, stages, prompt).run(req, lambda event: None))
+
+
+# --- the omni entry model ------------------------------------------------------------------
+
+
+def test_a_video_goes_to_a_raw_media_thinker_as_its_file_with_the_templates_placeholder(
+        video, qwen3_prompt):
+    cfg = qwen3_config()
+    stages = ScriptedStages(reply_tokens=2)
+    run(cfg, stages, qwen3_prompt, tensors("what happens?", video=video))
+    assert [m for m, _ in stages.calls] == ["llm"]  # no encoder stage
+    thinker = stages.calls[0][1]
+    assert bytes(thinker[LLM.VIDEO][0]) == video
+    prompt = thinker[LLM.TEXT_INPUT][0].decode()
+    assert prompt.count("<|vision_start|><|video_pad|><|vision_end|>") == 1
+    assert prompt.index("<|video_pad|>") < prompt.index("what happens?")
+
+
+def test_a_bad_clip_is_refused_naming_video_before_any_stage_runs(qwen3_prompt):
+    cfg = qwen3_config()
+    stages = ScriptedStages(reply_tokens=2)
+    garbage = np.random.default_rng(0).bytes(5000)
+    with pytest.raises(RequestError) as err:
+        run(cfg, stages, qwen3_prompt, tensors(video=garbage))
+    assert err.value.field == "video" and "not a decodable video file" in err.value.message
+    assert stages.calls == []
+    limits = MediaLimits()
+    assert limits.max_video_seconds < 3000  # a clip over the limit, from its header alone
+    with pytest.raises(RequestError, match=r"video: .*at most"):
+        run(cfg, stages, qwen3_prompt, tensors(video=clip(fps=1, frames=int(limits.max_video_seconds) + 5)))
+    assert stages.calls == []
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({OMNI.VIDEO: b""}, "is empty"),
+    ({OMNI.VIDEO: b"x" * 2000}, "is 2000 bytes; at most 1000 are allowed"),
+    ({OMNI.VIDEO: b"clip", OMNI.MODALITIES: ["text", "audio"]}, "speech about a video is not served yet"),
+])
+def test_bad_video_requests_name_video(extra, message):
+    cfg = config(family="qwen3_omni_moe", max_media_bytes=1000,
+                 stages={"thinker": "llm", "talker": "talker", "audio_decoder": "dec"})
+    with pytest.raises(RequestError) as err:
+        parse_request("r", tensors(**extra), cfg)
+    assert err.value.field == "video" and message in err.value.message
+
+
+def test_a_family_whose_thinker_takes_no_raw_video_refuses_it():
+    with pytest.raises(RequestError) as err:
+        parse_request("r", tensors(video=b"clip"), config())  # Qwen2.5-Omni, encoder stages
+    assert err.value.field == "video" and "(qwen2_5_omni) takes no video yet" in err.value.message
+
+
+# --- the llm stage -------------------------------------------------------------------------
+
+
+def llm_tensors(**extra) -> dict:
+    out = {LLM.TEXT_INPUT: np.array([b"<|video_pad|> what happens?"], dtype=np.object_)}
+    out.update({k: np.array(v, dtype=np.object_) for k, v in extra.items()})
+    return out
+
+
+def test_the_llm_stage_takes_video_files_and_refuses_empty_ones_or_no_prompt(video):
+    req = parse_llm_request("r", llm_tensors(video=[video, video]))
+    assert req.videos == [video, video]
+    with pytest.raises(RequestError) as err:
+        parse_llm_request("r", llm_tensors(video=[video, b""]))
+    assert err.value.field == "video[1]" and "is empty; send a video file's bytes" in err.value.message
+    with pytest.raises(RequestError) as err:
+        parse_llm_request("r", {LLM.PROMPT_TOKEN_IDS: np.array([1, 2]),
+                                LLM.VIDEO: np.array([video], dtype=np.object_)})
+    assert err.value.field == "video" and "needs a text_input" in err.value.message
+
+
+def test_vllm_gets_the_frames_the_familys_processor_samples(video):
+    req = parse_llm_request("r", llm_tensors(video=[video]))
+    data = asyncio.run(raw_media_data(req, "llm", 16000, QWEN3.video))
+    (frames,) = data["video"]
+    want = decode_video(video, MediaLimits(), QWEN3.video)
+    assert frames.dtype == np.uint8 and frames.shape == (4, 64, 64, 3)
+    np.testing.assert_array_equal(frames, want.frames)
+    assert set(data) == {"video"}
+
+
+def test_a_bad_clip_at_the_llm_stage_names_its_element(video):
+    req = parse_llm_request("r", llm_tensors(video=[video, b"no video at all" * 10]))
+    with pytest.raises(RequestError) as err:
+        asyncio.run(raw_media_data(req, "llm", 16000, QWEN3.video))
+    assert err.value.field == "video[1]" and "not a decodable video file" in err.value.message
+    with pytest.raises(RequestError, match="stage llm serves a model that takes no video"):
+        asyncio.run(raw_media_data(req, "llm", 16000, None))
+
+
+def test_the_stage_finds_its_familys_video_sampling_in_the_checkpoint_config():
+    from types import SimpleNamespace as Config
+
+    thinker = Config(model_type="qwen3_omni_moe_thinker", vision_config=Config())
+    assert llm_media.video_sampling(Config(model_type="qwen3_omni_moe", thinker_config=thinker)) \
+        is QWEN3.video
+    assert llm_media.video_sampling(Config(model_type="qwen2", vision_config=None)) is None
+    assert llm_media.video_sampling(Config(model_type="llava", vision_config=Config())) is None
