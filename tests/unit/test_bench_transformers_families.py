@@ -22,7 +22,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_every_model_has_a_family_and_qwen3_tiny_is_qwen3_omni() -> None:
-    assert set(tb.MODELS) == {"tiny", "0.5b", "qwen3-tiny"}
+    assert set(tb.MODELS) == {"tiny", "0.5b", "qwen3-tiny", "qwen3-moe"}
     q3 = tb.MODELS["qwen3-tiny"]
     assert q3.name == "qwen3-omni-tiny" and q3.family is tb.QWEN3 and not q3.preset
     assert q3.family.model_class == "Qwen3OmniMoeForConditionalGeneration"

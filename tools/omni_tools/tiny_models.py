@@ -235,6 +235,20 @@ def _build_qwen3_omni_tiny(out: Path) -> None:
     tiny_qwen3_omni.build_qwen3_omni_checkpoint(out)
 
 
+@register("qwen3-omni-moe-small-random", version=1,
+          description="Qwen3-Omni whose thinker has a real MoE shape scaled down (32 experts top-8, "
+                      "hidden 1024, 10 layers; ~1.7 GB fp32)")
+def _build_qwen3_omni_moe_small_random(out: Path) -> None:
+    """qwen3-omni-tiny's layout and towers, talker and Code2Wav, but the thinker's text model is
+    the real MoE at half its width with 10 layers and 32 experts, top-8
+    (tiny_qwen3_omni.MOE_SMALL_TEXT; ~430M parameters, tiny tokenizer): per-token compute that
+    matters, for benchmarks. The talker's routed experts are drawn (qwen3-omni-tiny keeps
+    transformers' unset ones)."""
+    from omni_tools import tiny_qwen3_omni
+
+    tiny_qwen3_omni.build_qwen3_omni_checkpoint(out, thinker_shape="moe-small", talker_experts=True)
+
+
 @register("qwen3-omni-thinking-tiny", version=3,
           description="Qwen3-Omni Thinking/Captioner layout: enable_audio_output false, thinker only")
 def _build_qwen3_omni_thinking_tiny(out: Path) -> None:

@@ -22,12 +22,15 @@ What flows through it: a seed in; a folder out that looks like a downloaded
   defaults, as the hub's does.
 The thinker is drawn alone from `seed`, so both variants of one seed share its weights; its
 head never writes the vocabulary's padding or a special token but the stops (quiet_non_text_rows).
+`thinker_shape="moe-small"` widens only the thinker's text model (THINKER_SHAPES: a real MoE shape
+scaled down, for benchmarks); towers, talker, Code2Wav and tokenizer stay the tiny ones.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,9 +143,39 @@ TINY_MAX_LEN = 4096
 TINY_TEXT = {"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 128,
              "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
-TINY_MROPE_SECTION = (12, 10, 10)  # the real [24, 20, 20] halved: sums to head_dim / 2
+# The real interleaved M-RoPE sections for head_dim 128; a narrower head takes them scaled
+# (head_dim 64: [12, 10, 10]), so they sum to head_dim / 2.
+REAL_MROPE_SECTION = (24, 20, 20)
 # The talker reads the thinker's hidden states after this layer (real: 24 of 48).
 TINY_ACCEPT_HIDDEN_LAYER = 2
+# A larger thinker text model for benchmarks (`thinker_shape="moe-small"`): the real one at half
+# its width (hidden 1024 vs 2048, 16 heads of 128 vs 32, 2 KV heads vs 4, moe_intermediate_size
+# 384 vs 768) with 10 of its 48 layers and 32 of its 128 experts, top-8 as the real one: ~430M
+# parameters (~1.7 GB fp32), ~140M of them active a token. The tokenizer and its 2048-id
+# vocabulary stay the tiny ones (the real one has 152064 ids); the narrow init keeps 10 random
+# layers finite. Hidden and moe_intermediate_size are multiples of 32 and head_dim 128 is one
+# vLLM's CPU attention supports, as its CPU MoE and attention kernels need.
+MOE_SMALL_TEXT: dict[str, Any] = {
+    "hidden_size": 1024, "num_hidden_layers": 10, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 384,
+    "moe_intermediate_size": 384, "num_experts": 32, "num_experts_per_tok": 8,
+    "initializer_range": 0.02,
+}
+
+
+@dataclass(frozen=True)
+class ThinkerShape:
+    """The thinker's text model of one checkpoint variant (towers, talker, Code2Wav stay tiny)."""
+
+    text: dict[str, Any]  # text_config keys over TINY_TEXT's
+    accept_hidden_layer: int  # the talker's: the thinker layer its media rows come from
+
+
+THINKER_SHAPES: dict[str, ThinkerShape] = {
+    "tiny": ThinkerShape({}, TINY_ACCEPT_HIDDEN_LAYER),
+    # half the layers, as the real 24 of 48
+    "moe-small": ThinkerShape(MOE_SMALL_TEXT, MOE_SMALL_TEXT["num_hidden_layers"] // 2),
+}
 # Vision tower: patch 16, merge 2, temporal patch 2 as the real one; deepstack mergers after
 # blocks 0..2 of 4 (real: 8, 16, 24 of 27) feed text layers 0..2. Its position grid is
 # sqrt(num_position_embeddings) a side, which vLLM reads as image_size // patch_size.
@@ -222,32 +255,41 @@ def _single_token(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
     return ids[0]
 
 
+def mrope_section(head_dim: int) -> list[int]:
+    """REAL_MROPE_SECTION scaled to `head_dim` (it must sum to head_dim / 2)."""
+    section = [n * head_dim // 128 for n in REAL_MROPE_SECTION]
+    if 2 * sum(section) != head_dim:
+        raise ValueError(f"head_dim {head_dim}: the M-RoPE sections {section} must sum to head_dim / 2")
+    return section
+
+
 def _rope(head_dim: int) -> dict[str, Any]:
-    if 2 * sum(TINY_MROPE_SECTION) != head_dim:
-        raise ValueError("mrope_section must sum to head_dim / 2")
-    return {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": list(TINY_MROPE_SECTION),
+    return {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": mrope_section(head_dim),
             "interleaved": True, "mrope_interleaved": True}
 
 
-def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
-    """The tiny Qwen3OmniMoeThinkerConfig, its token ids taken from `tokenizer`."""
+def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase, shape: str = "tiny") -> Any:
+    """The tiny Qwen3OmniMoeThinkerConfig, its token ids taken from `tokenizer`.
+
+    `shape` (THINKER_SHAPES) "moe-small": the text model takes MOE_SMALL_TEXT's shapes.
+    """
     from transformers import Qwen3OmniMoeThinkerConfig
 
     tok = tokenizer.convert_tokens_to_ids
-    hidden = TINY_TEXT["hidden_size"]
+    # Wide init (as qwen2-tiny): greedy replies vary from token to token.
+    text = {**TINY_TEXT, "initializer_range": 0.5, **THINKER_SHAPES[shape].text}
+    hidden = text["hidden_size"]
     config = Qwen3OmniMoeThinkerConfig(
         text_config={
-            **TINY_TEXT,
+            **text,
             "vocab_size": padded_vocab_size(tokenizer),
             "max_position_embeddings": TINY_MAX_LEN,
             "rms_norm_eps": 1e-6,
-            "rope_parameters": _rope(TINY_TEXT["head_dim"]),
+            "rope_parameters": _rope(text["head_dim"]),
             "norm_topk_prob": True,
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
             "tie_word_embeddings": False,
-            # Wide init (as qwen2-tiny): greedy replies vary from token to token.
-            "initializer_range": 0.5,
             "dtype": "float32",
             **special_ids(tokenizer),
         },
@@ -260,7 +302,7 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
         user_token_id=_single_token(tokenizer, "user"),
         position_id_per_seconds=13,
         tie_word_embeddings=False,
-        initializer_range=0.5,
+        initializer_range=text["initializer_range"],
     )
     # Keys the hub's thinker_config carries beyond the class's fields.
     config.audio_end_token_id = tok(QWEN3_OMNI_TOKEN_ATTRS["audio_eos_token"])
@@ -271,8 +313,10 @@ def tiny_thinker_config(tokenizer: PreTrainedTokenizerBase) -> Any:
     return config
 
 
-def tiny_talker_config(thinker_config: Any) -> dict[str, Any]:
-    """The tiny talker_config: MoE with a shared expert, 16 code groups, the hub's ids moved."""
+def tiny_talker_config(thinker_config: Any, accept_hidden_layer: int = TINY_ACCEPT_HIDDEN_LAYER
+                       ) -> dict[str, Any]:
+    """The tiny talker_config: MoE with a shared expert, 16 code groups, the hub's ids moved;
+    its media rows come from the thinker's layer `accept_hidden_layer`."""
     codec = {name: tiny_codec_id(v) for name, v in REAL_CODEC_IDS.items()}
     media = {name: getattr(thinker_config, name) for name in (
         "audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
@@ -281,7 +325,7 @@ def tiny_talker_config(thinker_config: Any) -> dict[str, Any]:
         **codec, **media,
         "num_code_groups": NUM_CODE_GROUPS,
         "thinker_hidden_size": thinker_config.text_config.hidden_size,
-        "accept_hidden_layer": TINY_ACCEPT_HIDDEN_LAYER,
+        "accept_hidden_layer": accept_hidden_layer,
         "speaker_id": {name: tiny_codec_id(v) for name, v in REAL_SPEAKER_IDS.items()},
         "position_id_per_seconds": 13, "seconds_per_chunk": 2, "spatial_merge_size": 2,
         "text_config": {
@@ -307,15 +351,17 @@ def tiny_talker_config(thinker_config: Any) -> dict[str, Any]:
     }
 
 
-def tiny_omni_config(tokenizer: PreTrainedTokenizerBase, *, talker: bool = True) -> Any:
-    """The whole tiny Qwen3OmniMoeConfig; `talker=False` sets `enable_audio_output: false`."""
+def tiny_omni_config(tokenizer: PreTrainedTokenizerBase, *, talker: bool = True,
+                     thinker_shape: str = "tiny") -> Any:
+    """The whole tiny Qwen3OmniMoeConfig; `talker=False` sets `enable_audio_output: false`;
+    `thinker_shape` names the thinker's text model (THINKER_SHAPES)."""
     from transformers import Qwen3OmniMoeConfig
 
-    thinker = tiny_thinker_config(tokenizer)
+    thinker = tiny_thinker_config(tokenizer, thinker_shape)
     tok = tokenizer.convert_tokens_to_ids
     config = Qwen3OmniMoeConfig(
         thinker_config=thinker.to_dict(),
-        talker_config=tiny_talker_config(thinker),
+        talker_config=tiny_talker_config(thinker, THINKER_SHAPES[thinker_shape].accept_hidden_layer),
         code2wav_config={**TINY_CODE2WAV, "codebook_size": TINY_CODEBOOK,
                          "num_quantizers": NUM_CODE_GROUPS, "initializer_range": 0.1,
                          "dtype": "float32"},
@@ -396,12 +442,33 @@ def quiet_non_text_rows(thinker: Any, tokenizer: PreTrainedTokenizerBase) -> Non
         thinker.lm_head.weight[sorted(set(mute))] = 0.0
 
 
-def build_qwen3_omni_checkpoint(out: Path, *, seed: int = DEFAULT_SEED, talker: bool = True) -> None:
+def draw_talker_experts(talker: Any, seed: int) -> None:
+    """Draw the talker's routed experts and router at its text init (normal, from `seed`).
+
+    transformers 5.19 initialises neither: the experts keep `torch.empty`'s memory (denormals
+    there, which also slow CPU matmuls many times over, and bytes that depend on what the
+    process did before) and the router stays zero (every token to the same experts).
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    std = talker.config.text_config.initializer_range
+    with torch.no_grad():
+        for layer in talker.model.layers:
+            for p in (layer.mlp.gate.weight, layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
+
+
+def build_qwen3_omni_checkpoint(out: Path, *, seed: int = DEFAULT_SEED, talker: bool = True,
+                                thinker_shape: str = "tiny", talker_experts: bool = False) -> None:
     """Write a tiny `Qwen3OmniMoeForConditionalGeneration` checkpoint into `out`, in the hub layout.
 
     `talker=False` writes a Thinking/Captioner-style folder: `enable_audio_output: false` and
     only `thinker.*` tensors. The thinker is drawn alone from `seed` (both variants share it),
-    the talker and Code2Wav from `seed + 11`.
+    the talker and Code2Wav from `seed + 11`. `thinker_shape` "moe-small": the thinker's text
+    model has MOE_SMALL_TEXT's shapes (tiny_thinker_config). `talker_experts`: the talker's
+    routed experts and router drawn too, from `seed + 13` (draw_talker_experts; False, as
+    qwen3-omni-tiny was built and its goldens recorded: as transformers leaves them).
     """
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration, Qwen3OmniMoeThinkerForConditionalGeneration
@@ -409,7 +476,7 @@ def build_qwen3_omni_checkpoint(out: Path, *, seed: int = DEFAULT_SEED, talker: 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_qwen3_omni_tokenizer(TINY_MAX_LEN)
-    config = tiny_omni_config(tokenizer, talker=talker)
+    config = tiny_omni_config(tokenizer, talker=talker, thinker_shape=thinker_shape)
     torch.manual_seed(seed)
     thinker = Qwen3OmniMoeThinkerForConditionalGeneration(config.thinker_config).eval()
     quiet_non_text_rows(thinker, tokenizer)
@@ -417,6 +484,8 @@ def build_qwen3_omni_checkpoint(out: Path, *, seed: int = DEFAULT_SEED, talker: 
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     model.thinker.load_state_dict(thinker.state_dict())
     del thinker
+    if talker and talker_experts:
+        draw_talker_experts(model.talker, seed + 13)
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").write_text(
         json.dumps(TALKER_GENERATION_DEFAULTS if talker else {}, indent=2) + "\n")

@@ -33,9 +33,11 @@ wall second, per level and length.
 Models (MODELS; what differs between families is in FAMILIES): `tiny` (the preset's
 embedded qwen2.5-omni-tiny: per-step overhead dominates), `0.5b`
 (qwen2.5-omni-0.5b-random: the thinker's text model has Qwen2.5-0.5B's shapes, random
-weights; compute matters there, as on real hardware) and `qwen3-tiny` (qwen3-omni-tiny,
+weights; compute matters there, as on real hardware), `qwen3-tiny` (qwen3-omni-tiny,
 the tiny Qwen3-Omni of the full architecture, served through `omni-gen-repo --preset
-omni-chat --model <its folder>`).
+omni-chat --model <its folder>`) and `qwen3-moe` (qwen3-omni-moe-small-random, served the
+same way: its thinker's text model is the real MoE shape scaled down, 32 experts top-8,
+hidden 1024, 10 layers; compute matters there too).
 """
 from __future__ import annotations
 
@@ -158,7 +160,17 @@ MODELS: dict[str, BenchModel] = {
     "tiny": BenchModel("qwen2.5-omni-tiny", QWEN25, preset=True),
     "0.5b": BenchModel("qwen2.5-omni-0.5b-random", QWEN25, preset=True),
     "qwen3-tiny": BenchModel("qwen3-omni-tiny", QWEN3, preset=False),
+    "qwen3-moe": BenchModel("qwen3-omni-moe-small-random", QWEN3, preset=False),
 }
+# Models whose run takes longer than the quick set's budget: measured in their own runs,
+# their rows kept when a later run measures others (kept_models).
+OWN_RUN = {"0.5b": "qwen2.5-omni-0.5b-random: thinker text model with Qwen2.5-0.5B's shapes, "
+                   "untied head, random weights, tiny towers, talker and Token2Wav",
+           "qwen3-moe": "qwen3-omni-moe-small-random: thinker text model with the real MoE "
+                        "scaled down (hidden 1024, 10 layers, 16 heads of 128, 2 KV heads, 32 "
+                        "experts of 384, top-8, ~430M parameters), random weights, the tiny "
+                        "tokenizer (2048 ids; the real one has 152064), tiny towers, talker (its "
+                        "routed experts drawn) and Code2Wav"}
 
 
 def settings(model: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -457,7 +469,8 @@ def measure_served(client: Any, texts: Sequence[str], concurrency: int, max_toke
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=["tiny"],
                     help="tiny: the preset's qwen2.5-omni-tiny; 0.5b: its thinker with "
-                         "Qwen2.5-0.5B's shapes; qwen3-tiny: qwen3-omni-tiny")
+                         "Qwen2.5-0.5B's shapes; qwen3-tiny: qwen3-omni-tiny; qwen3-moe: its "
+                         "thinker a real MoE shape scaled down")
     ap.add_argument("--concurrency", nargs="+", type=int, default=None,
                     help="levels (default: per family, Qwen2.5-Omni 1 16, Qwen3-Omni 1 8 16)")
     ap.add_argument("--requests-per-slot", type=int, default=2,
@@ -480,6 +493,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-batched", action="store_true",
                     help="skip transformers' statically batched generate")
     ap.add_argument("--seed", type=int, default=0, help="of the prompts")
+    ap.add_argument("--note", default="",
+                    help="what else ran on the machine meanwhile (kept with the model's rows)")
 
 
 def drop_image_stage(data: dict[str, Any]) -> dict[str, Any]:
@@ -627,6 +642,8 @@ def run(args: argparse.Namespace) -> Results:
             r["wall_s"] = time.perf_counter() - t0
             r["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             r["command"] = model_command(model, args)
+            if args.note:
+                r["note"] = args.note
             results["models"][model] = r
     results["models"].update(kept_models(SCENARIO.load(), results))
     notes = {t: n for t, (_, n) in batch.items()}
@@ -659,7 +676,8 @@ def _family_of(r: dict[str, Any]) -> Family:
 def kept_models(previous: Results | None, results: Results) -> dict[str, Any]:
     """The models of the last results file that this run did not measure, kept when
     their requests had the same lengths (`omni-bench all` runs the tiny model only; the
-    0.5b comparison, ~20 minutes, comes from its own run, each side by side in one run):
+    OWN_RUN models' comparisons, ~20 minutes each, come from their own runs, each side by
+    side in one run):
     the same thinker tokens, and the same talker codes as this run gives that model's
     family (its `--talker-tokens`, else the family's default)."""
     if not previous or previous.get("max_tokens") != results["max_tokens"]:
@@ -668,7 +686,10 @@ def kept_models(previous: Results | None, results: Results) -> dict[str, Any]:
     for m, r in previous.get("models", {}).items():
         if m in results["models"]:
             continue
-        before = r.get("talker_tokens", previous.get("talker_tokens"))
+        # a model recorded without its own talker codes ran with the file's, and a file's
+        # None is the family's default, as for this run
+        before = (r.get("talker_tokens") or previous.get("talker_tokens")
+                  or _family_of(r).talker_tokens)
         now = results.get("talker_tokens") or _family_of(r).talker_tokens
         if before == now:
             out[m] = r
@@ -694,12 +715,12 @@ def _notes(results: Results, batch_notes: dict[str, str]) -> str:
         "latency and first audio a request sees include its wait (transformers returns text "
         "and audio only when generate ends; the served side streams, first audio = its first "
         f"audio chunk). {batch} Real-time factor: audio seconds produced per wall second "
-        "(all clients together). The `0.5b` model (qwen2.5-omni-0.5b-random: thinker text "
-        "model with Qwen2.5-0.5B's shapes, untied head, random weights, tiny towers, talker "
-        "and Token2Wav) is not in the quick set: it takes longer than the quick budget; "
-        "its rows come from its own run (`omni-bench transformers --models 0.5b`), kept "
-        "when a later run measures only the tiny model; each model's `command` and "
-        "`measured` say which run it is.")
+        "(all clients together). "
+        + " ".join(f"The `{m}` model ({what}) is not in the quick set: it takes longer than "
+                   "the quick budget; its rows come from its own run (`omni-bench transformers "
+                   f"--models {m}`), kept when a later run measures other models."
+                   for m, what in OWN_RUN.items() if m in results["models"])
+        + " Each model's `command` and `measured` say which run it is.")
     if any(r.get("reply_lengths") for r in results["models"].values()):
         out += (" Reply lengths: at concurrency 1, each reply of N tokens spoken as N x "
                 "codes-per-token talker codes (the JSON's `talker_tokens` per length); first "
@@ -777,7 +798,8 @@ def table(results: Results) -> str:
     lengths = reply_table(results)
     if lengths:
         rows += ["", "First audio against reply length (concurrency 1):", "", lengths]
-    runs = [f"{r['model']}: `{r['command']}` ({r['measured']})"
+    runs = [f"{r['model']}: `{r['command']}` ({r['measured']}"
+            + (f"; {r['note']}" if r.get("note") else "") + ")"
             for r in results["models"].values() if r.get("command")]
     if runs:
         rows.append("\nEach model's rows come from one run: " + "; ".join(runs) + ".")
