@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,11 +26,15 @@ from PIL import Image
 from omni_serve.orchestrator.config import OrchestratorConfig
 
 from .omni_io import error_code, png, run_omni, tone, wav
+from .servers import loaded
 
 pytestmark = pytest.mark.integration
 
 THINKER = {"temperature": 0, "max_tokens": 12}
 TALKER = {"temperature": 0, "max_tokens": 40}
+# The streamed goldens measure chunk seams: 40 codes are under the family's first chunk
+# (48), so they go through an orchestrator over the same stages whose first chunk is 12.
+SEAMS = "omni_seams"
 SEED = 5
 STREAMED_SNR_DB = 60.0  # measured 91-96 dB on the tiny default (see docs/omni-chat.md)
 
@@ -37,6 +42,24 @@ STREAMED_SNR_DB = 60.0  # measured 91-96 dB on the tiny default (see docs/omni-c
 @pytest.fixture(scope="module")
 def url(omni_chat_server):
     return omni_chat_server.grpc_url
+
+
+@pytest.fixture(scope="module")
+def seams(omni_chat_server, tmp_path_factory) -> str:
+    """The preset's `omni` as `omni_seams`, first_chunk_codes 12, loaded beside it."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    root = tmp_path_factory.mktemp("seams")
+    shutil.copytree(omni_chat_server.repository / "omni", root / SEAMS)
+    engine = json.loads((root / SEAMS / "engine.json").read_text())
+    (root / SEAMS / "engine.json").write_text(json.dumps({**engine, "first_chunk_codes": 12}))
+    path = root / SEAMS / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    config.name = SEAMS
+    path.write_text(text_format.MessageToString(config))
+    with loaded(omni_chat_server, root, [SEAMS]):
+        yield SEAMS
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +130,9 @@ def _reference(ref, text: str, voice: str, image: bytes | None = None,
     return reply, [[c] for c in codes], waveform.numpy()  # one codebook: a code per frame
 
 
-def _served(url: str, text: str, voice: str, *, stream_audio: bool, image=None, audio=None):
-    return run_omni(url, text=text, modalities=["text", "audio"], sampling=THINKER, seed=SEED,
+def _served(url: str, text: str, voice: str, *, stream_audio: bool, image=None, audio=None,
+            model: str = "omni"):
+    return run_omni(url, model, text=text, modalities=["text", "audio"], sampling=THINKER, seed=SEED,
                     voice=voice, talker_sampling=TALKER, stream_audio=stream_audio,
                     return_codec_ids=True, image=image, audio=wav(audio) if audio is not None else None)
 
@@ -126,7 +150,7 @@ CASES = {
 
 @pytest.mark.parametrize("voice", ["Chelsie", "Ethan"])
 @pytest.mark.parametrize("case", CASES)
-def test_speech_equals_qwen25_omni_in_transformers(url, reference, case, voice):
+def test_speech_equals_qwen25_omni_in_transformers(url, seams, reference, case, voice):
     media = CASES[case]
     question = "tell me what you see and hear"
     want_text, want_codes, want_wave = _reference(reference, question, voice, **media)
@@ -140,7 +164,7 @@ def test_speech_equals_qwen25_omni_in_transformers(url, reference, case, voice):
     assert whole.audio.shape == want_wave.shape
     assert np.abs(whole.audio - want_wave).max() < 1e-4
 
-    streamed = _served(url, question, voice, stream_audio=True, **media)
+    streamed = _served(url, question, voice, stream_audio=True, model=seams, **media)
     assert streamed.error is None, streamed.error
     assert streamed.codec_ids == want_codes
     assert streamed.audio.shape == want_wave.shape

@@ -104,7 +104,8 @@ def test_omni_bench_all_can_parse_each_scenarios_quick_arguments(name):
 CHILD_MODULES = {"llm": "llm_stage", "dit": "dit_batching", "dit-cache": "dit_cache",
                  "pipelining": "pipelining", "split": "split", "spin": "spin",
                  "cold-start": "cold_start", "hidden-states": "hidden_states",
-                 "stream-errors": "stream_errors", "unary-cancel": "unary_cancel"}
+                 "stream-errors": "stream_errors", "unary-cancel": "unary_cancel",
+                 "first-chunk": "first_chunk"}
 
 
 class _Parsed(Exception):
@@ -146,7 +147,7 @@ def test_on_demand_scenarios_stay_out_of_all_and_off_the_page(tmp_path, monkeypa
     monkeypatch.setattr(scenario, "RESULTS_DIR", tmp_path / "results")
     on_demand = [s.name for s in cli.SCENARIOS if not s.in_all]
     assert on_demand == ["split", "spin", "cold-start", "hidden-states", "stream-errors",
-                         "unary-cancel"]
+                         "unary-cancel", "first-chunk"]
     with pytest.raises(SystemExit):  # `all --skip` only names scenarios `all` runs
         cli.parser().parse_args(["all", "--skip", "spin"])
     spin = {s.name: s for s in cli.SCENARIOS}["spin"]
