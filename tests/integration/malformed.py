@@ -32,6 +32,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from omni_serve.errors import code_of_message, normalise_code
+from tests.video_clip import clip
 
 CALL_TIMEOUT_S = 120.0  # no answer by then is a hang
 WIRE_TYPES = ("BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "UINT32", "UINT64", "FP16",
@@ -381,9 +382,9 @@ def _long_wav_header() -> bytes:
 
 
 def bad_media(kind: str, max_bytes: int = 21 << 20) -> st.SearchStrategy[tuple[bytes, str]]:
-    """(bytes, what) that an `kind` ("image" / "audio") input must refuse."""
-    good = png(48, 40) if kind == "image" else wav(0.3)
-    other = wav(0.3) if kind == "image" else png()
+    """(bytes, what) that an `kind` ("image" / "audio" / "video") input must refuse."""
+    good = {"image": png(48, 40), "audio": wav(0.3), "video": clip()}[kind]
+    other = png() if kind == "audio" else wav(0.3)  # a video's other file: sound only
     parts = [
         st.binary(min_size=1, max_size=512).filter(
             lambda b: not b.startswith((b"\x89PNG", b"RIFF", b"GIF", b"\xff\xd8", b"BM", b"fLaC",
@@ -396,7 +397,7 @@ def bad_media(kind: str, max_bytes: int = 21 << 20) -> st.SearchStrategy[tuple[b
     ]
     if kind == "image":
         parts.append(st.just((_huge_image(), "a 20000x20000 image")))
-    else:
+    elif kind == "audio":
         parts += [st.just((_nan_wav(), "NaN samples")), st.just((_long_wav_header(), "5 hours"))]
     return st.one_of(*parts)
 
@@ -542,6 +543,7 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
         "image": _image_values(r),
         # raw sound files, decoded by the stage before the engine sees them
         "audio": bad_media("audio").map(lambda bw: r.attack("audio", text(bw[0]), bw[1])),
+        "video": bad_media("video").map(lambda bw: r.attack("video", text(bw[0]), bw[1])),
         "embedding_request": _embedding_values(r, no_text["drop"]),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
@@ -881,6 +883,7 @@ def omni_recipe(model: Model) -> Recipe:
             oversized_text().map(str.encode)), text, "bad text"),
         "image": bad_media("image").map(lambda bw: r.attack("image", text(bw[0]), bw[1])),
         "audio": bad_media("audio").map(lambda bw: r.attack("audio", text(bw[0]), bw[1])),
+        "video": bad_media("video").map(lambda bw: r.attack("video", text(bw[0]), bw[1])),
         "modalities": st.one_of(
             st.lists(not_a_name(OMNI_MODALITIES).map(str.encode), min_size=1, max_size=3).map(
                 lambda xs: r.attack("modalities", strings([b"text", *xs]), f"modalities {xs}")),

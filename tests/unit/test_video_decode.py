@@ -36,6 +36,7 @@ from omni_serve.encoder.config import MediaLimits
 from omni_serve.encoder.video import decode_video
 from omni_serve.errors import RequestError
 from omni_tools import tiny_omni, tiny_qwen3_omni
+from tests.video_clip import frame_image
 
 torch.set_num_threads(1)
 
@@ -49,16 +50,6 @@ TONE_TOLERANCE = {"aac": 0.03, "pcm_s16le": 1e-4}
 
 
 # --- clips ---------------------------------------------------------------------------------
-
-
-def frame_image(i: int, n: int, width: int, height: int) -> np.ndarray:
-    """Frame i of n: red ramps up with i, a green bar and a blue line move."""
-    img = np.zeros((height, width, 3), np.uint8)
-    img[..., 0] = i * 255 // max(1, n - 1)
-    img[:, (i * 3) % width: (i * 3) % width + 4, 1] = 255
-    img[(i * 2) % height, :, 2] = 200
-    img[: height // 2, : width // 2, 2] = 80 + (i * 7) % 150
-    return img
 
 
 def write_clip(path: Path, *, fps: int, frames: int, size: tuple[int, int] = (96, 64),
