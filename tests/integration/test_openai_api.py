@@ -81,8 +81,11 @@ def test_vllm_sampling_extensions_reach_the_engine(client, model):
 
 
 def test_chat_with_audio_out_streamed_and_whole(client, omni_chat_server):
+    # 96 codes: past the first chunk (48 codes), so the stream has more than one
+    talker = {"min_tokens": 96, "max_tokens": 96}
     kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
-                  modalities=["text", "audio"], **GREEDY)
+                  modalities=["text", "audio"], extra_body={"talker_sampling_parameters": talker},
+                  **GREEDY)
     whole = client.chat.completions.create(**kwargs, audio={"voice": VOICE, "format": "wav"})
     audio = whole.choices[0].message.audio
     wav = base64.b64decode(audio.data)
@@ -93,7 +96,8 @@ def test_chat_with_audio_out_streamed_and_whole(client, omni_chat_server):
     # step, read by Python's wave module as by soundfile (the header has the real length)
     with OmniClient(omni_chat_server.grpc_url) as sdk:
         floats = sdk.chat("say something", modalities=["text", "audio"], voice=VOICE,
-                          seed=GREEDY["seed"], sampling_parameters={"max_tokens": 16, **GREEDY})
+                          seed=GREEDY["seed"], sampling_parameters={"max_tokens": 16, **GREEDY},
+                          talker_sampling=talker)
     assert floats.text == audio.transcript
     assert_pcm16_wav(wav, floats.audio, 24000)
 
