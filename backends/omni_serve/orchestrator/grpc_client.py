@@ -349,6 +349,21 @@ class GrpcStageClient:
         except (InferenceServerException, TimeoutError):
             return False
 
+    async def unready(self, model: str, timeout_s: float = 5.0) -> str | None:
+        """None when the server has `model` ready, else why not (it did not answer, or
+        says the model is not ready)."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                if await self._connect().is_model_ready(model):
+                    return None
+            return f"model {model} is not ready on {self.url}"
+        except TimeoutError:
+            return f"{self.url} did not answer within {timeout_s:g} s"
+        except InferenceServerException as e:
+            return f"{self.url}: {e.message()}"
+
     async def drain_stops(self) -> None:
         """Wait until the streams being stopped in-band have ended."""
         while self._stopping:

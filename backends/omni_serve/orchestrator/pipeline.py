@@ -48,7 +48,7 @@ from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the
 )
 from omni_serve.orchestrator.prompt import ChatPrompt, Media
 from omni_serve.orchestrator.request import OmniRequest
-from omni_serve.orchestrator.routing import EngineRouter
+from omni_serve.orchestrator.routing import SESSION_ID, EngineRouter
 from omni_serve.orchestrator.speech import Speech, ThinkerRows, remove_unread_file
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,7 @@ class OmniPipeline:
     # --- the request -----------------------------------------------------------------
     async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
         """Run one request, emitting events; raises on failure (the caller reports it)."""
+        SESSION_ID.set(req.session_id)  # a stage server's replicas keep a session on one
         t = Timings()
         rows = ThinkerRows(self.speech) if req.wants_audio else None
         media: dict[str, np.ndarray] = {}

@@ -16,6 +16,11 @@ an orchestrator with several thinker engines names several Triton models
   go to their next engine in rendezvous order (so they, too, stay together),
   and after that time it gets requests again (the first one probes it).
 
+The same router spreads a stage's calls over the replicas of its server
+(orchestrator/replicas.py): there the "engines" are the replicas' addresses,
+which change as the server's name resolves anew (`replace`), and the session
+id comes from `SESSION_ID`, which OmniPipeline.run sets for its request.
+
 Pure Python, no I/O: the weights come from blake2b, not from Python's
 salted `hash`, so every orchestrator process (and a client that wants to
 know) computes the same engine for a session id.
@@ -26,6 +31,11 @@ import hashlib
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
+
+# The session id of the request the current task runs (None: no session); each request
+# is a task of its own, so this is per request.
+SESSION_ID: ContextVar[str | None] = ContextVar("omni_session_id", default=None)
 
 
 def weight(session_id: str, engine: str) -> int:
@@ -59,6 +69,22 @@ class EngineRouter:
         self._clock = clock
         self._down_until: dict[str, float] = {}  # engine -> when it gets requests again
         self._turn = 0  # where the search for the least busy engine starts
+
+    def replace(self, engines: Sequence[str]) -> None:
+        """Route over `engines` from now on (a replica set resolved anew). Requests in
+        flight on an engine that is gone still count until they end; one that comes
+        back keeps no down mark from before."""
+        if not engines:
+            raise ValueError("no engines to route to")
+        if len(set(engines)) != len(engines):
+            raise ValueError(f"engines must be distinct, got {list(engines)}")
+        self.engines = tuple(engines)
+        for engine in self.engines:
+            self.in_flight.setdefault(engine, 0)
+        for engine in [e for e, n in self.in_flight.items() if not n and e not in self.engines]:
+            del self.in_flight[engine]
+        self._down_until = {e: t for e, t in self._down_until.items() if e in self.engines}
+        self._turn %= len(self.engines)
 
     # --- health -------------------------------------------------------------------
     def mark_down(self, engine: str) -> None:
@@ -103,3 +129,5 @@ class EngineRouter:
             yield engine
         finally:
             self.in_flight[engine] -= 1
+            if not self.in_flight[engine] and engine not in self.engines:
+                del self.in_flight[engine]  # gone since (replace)
