@@ -17,6 +17,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from omni_serve.orchestrator.pipeline import (
 )
 from omni_serve.orchestrator.prompt import ChatPrompt
 from omni_serve.orchestrator.request import parse_request
-from omni_serve.orchestrator.stage_clients import stage_client
+from omni_serve.orchestrator.stage_clients import RoutingStageClient, stage_client
 from omni_serve.tritonio import (
     Metrics,
     Outbox,
@@ -130,6 +131,7 @@ class TritonPythonModel(StageModel):
         remote = remote_endpoints(self.cfg)
         self.client = stage_client(self.cfg.triton_url or local_grpc_url(), remote,
                                    call_timeout_s=self.cfg.stage_timeout_s,
+                                   retry_after_s=self.cfg.engine_retry_after_s,
                                    watch_stubs=not self.cfg.triton_url)
         log.info("[%s] calling stages over gRPC (remote: %s)", self.model_name, remote or "none")
         self.pipeline = OmniPipeline(self.cfg, self.client, _chat_prompt(self.cfg))
@@ -137,9 +139,56 @@ class TritonPythonModel(StageModel):
         self._thread = threading.Thread(target=self.loop.run_forever,
                                         name=f"{self.model_name}-loop", daemon=True)
         self._thread.start()
+        self._wait_for_remote_stages()
+        self._ready, self._ready_at = True, time.monotonic()
         self._create_metrics()
         self._in_flight_lock = threading.Lock()
         self._in_flight_n = 0
+
+    # --- readiness: the remote stages ----------------------------------------------------
+    def _remote_unready(self, timeout_s: float = 60.0) -> dict[str, str]:
+        """Each remote stage ready on no server (or replica) of it now, and why."""
+        if not isinstance(self.client, RoutingStageClient):
+            return {}
+        return asyncio.run_coroutine_threadsafe(self.client.remote_unready(),
+                                                self.loop).result(timeout=timeout_s)
+
+    def _wait_for_remote_stages(self) -> None:
+        """Return once every remote stage is ready somewhere, so that this model, and with
+        it the server's readiness, turns ready only then (Triton 2.51 asks a Python model
+        nothing after its load); RuntimeError naming those not ready within
+        remote_ready_timeout_s."""
+        timeout = self.cfg.remote_ready_timeout_s
+        if not timeout or not isinstance(self.client, RoutingStageClient):
+            return
+        deadline = time.monotonic() + timeout
+        told = float("-inf")
+        while unready := self._remote_unready():
+            now = time.monotonic()
+            where = "; ".join(f"{model}: {why}" for model, why in unready.items())
+            if now >= deadline:
+                raise RuntimeError(
+                    f"{self.model_name}: remote stages not ready after {timeout:g} s ({where}); "
+                    "start their servers, or raise remote_ready_timeout_s (0 loads without "
+                    "waiting)")
+            if now - told >= 30:
+                log.info("[%s] waiting for remote stages: %s", self.model_name, where)
+                told = now
+            time.sleep(min(1.0, deadline - now))
+
+    def is_model_ready(self) -> bool:
+        """Readiness, on releases whose Python backend asks the model (2.51 never does):
+        not ready while a remote stage is ready on no server or replica (asked at most
+        every 5 s)."""
+        now = time.monotonic()
+        if now - self._ready_at >= 5.0:
+            try:
+                self._ready = not self._remote_unready(timeout_s=10.0)
+            except Exception as e:
+                log.warning("[%s] asking the remote stages: %s", self.model_name, e)
+                self._ready = False
+            self._ready_at = now
+        return self._ready
 
     def _create_metrics(self) -> None:
         """metrics_table.OrchestratorMetrics, label model."""

@@ -203,10 +203,15 @@ class OrchestratorConfig(RefusesRemovedSettings):
     image_steps: int = Field(default=4, ge=1)
     # A stage that sends nothing for this long fails the request (no hangs).
     stage_timeout_s: float = Field(default=120.0, gt=0)
-    # Several thinker engines: one that answered UNAVAILABLE before sending
-    # anything (server down, model unloaded, silent past stage_timeout_s) gets
-    # no requests for this long; the request goes on to the next engine.
+    # Several thinker engines, or replicas of a stage server (orchestrator/replicas.py):
+    # one that answered UNAVAILABLE before sending anything (server down, model
+    # unloaded, silent past stage_timeout_s) gets no requests for this long; the
+    # request goes on to the next engine or replica.
     engine_retry_after_s: float = Field(default=10.0, gt=0)
+    # Stages on other servers: the orchestrator loads (so, on Triton 2.51, its
+    # server is ready) only once each is ready on its server, or on one replica;
+    # not within this long, its load fails naming them. 0: load without waiting.
+    remote_ready_timeout_s: float = Field(default=900.0, ge=0)
     # Largest media a request may carry (bytes), checked before any stage runs.
     max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
 
