@@ -85,7 +85,8 @@ TRITON_GRPC_URL = EnvVar(
     "omni_orchestrator (omni_serve.orchestrator.locality)")
 SERVER_URL = EnvVar(
     "OMNI_SERVER_<NAME>_URL", None,
-    "gRPC address of the spec's server `<NAME>` (upper case, `-` as `_`), overriding the spec",
+    "gRPC address of the spec's server `<NAME>` (upper case, `-` as `_`), overriding the spec; "
+    "`dns:///name:port`, `ipv4:a:p,b:p` or `host:p,host:p` name its replicas (docs/deploy.md)",
     "omni_orchestrator (omni_serve.orchestrator.config)")
 SERVER_SHM = EnvVar(
     "OMNI_SERVER_<NAME>_SHM", None,

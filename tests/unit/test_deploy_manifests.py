@@ -21,6 +21,8 @@ import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
 from omni_serve import env
+from omni_serve.orchestrator.config import OrchestratorConfig
+from omni_serve.orchestrator.locality import parse_target
 from omni_tools import deploy, gen_repo
 from omni_tools import spec as spec_mod
 
@@ -286,9 +288,12 @@ def test_moving_a_stage_changes_the_servers_and_the_urls_the_orchestrator_gets()
     front = container(by_kind(docs, "Deployment")["omni-split-front"])
     url = env.SERVER_URL.named
     assert {k: v for k, v in env_of(front).items() if k.startswith("OMNI_SERVER_")} == {
-        url(name="engine"): "omni-split-engine:8001", url(name="voice"): "omni-split-voice:8001"}
+        url(name="engine"): "dns:///omni-split-engine:8001",
+        url(name="voice"): "dns:///omni-split-voice:8001"}
     assert set(by_kind(docs, "Deployment")) == {"omni-split-front", "omni-split-engine",
                                                 "omni-split-voice"}
+    # a dns:/// name: the orchestrator spreads over every ready pod of the headless Service
+    assert parse_target(env_of(front)[url(name="engine")]).dns == ("omni-split-engine", 8001)
 
     data["stages"]["talker"]["server"] = "engine"  # the talker beside the thinker
     del data["servers"]["voice"]
@@ -301,9 +306,21 @@ def test_moving_a_stage_changes_the_servers_and_the_urls_the_orchestrator_gets()
                   for m in engine_hpa["spec"]["metrics"]) == ["llm", "talker"]
     compose = deploy.compose_file(parse(data))
     assert compose["services"]["omni-split-front"]["environment"][url(name="engine")] \
-        == "omni-split-engine:8001"
+        == "dns:///omni-split-engine:8001"
     assert "ports" in compose["services"]["omni-split-front"]  # the entry's server publishes
     assert "ports" not in compose["services"]["omni-split-engine"]
+
+
+def test_the_front_pods_startup_probe_outlasts_its_wait_for_the_remote_stages() -> None:
+    # the orchestrator loads (and its server turns ready) only once its remote stages are
+    # ready, failing its load after remote_ready_timeout_s: the startup probe must give it
+    # that long, or a pod still waiting for a remote vLLM would be killed as dead
+    docs = deploy.kubernetes_manifests(parse(three_servers()))
+    front = container(by_kind(docs, "Deployment")["omni-split-front"])
+    startup, ready = front["startupProbe"], front["readinessProbe"]
+    waited = OrchestratorConfig.model_fields["remote_ready_timeout_s"].default
+    assert startup["periodSeconds"] * startup["failureThreshold"] > waited
+    assert startup["httpGet"]["path"] == ready["httpGet"]["path"] == "/v2/health/ready"
 
 
 def test_replicas_set_the_deployment_the_hpa_floor_and_kserve() -> None:

@@ -97,7 +97,9 @@ class ServerPlan:
     stages: tuple[str, ...]
     gpus: int  # GPUs the pod needs (0: a CPU server)
     replicas: int
-    calls: dict[str, str]  # OMNI_SERVER_<NAME>_URL -> the other server's gRPC address
+    # OMNI_SERVER_<NAME>_URL -> the other server's gRPC name, `dns:///`: the orchestrator
+    # spreads its calls over every pod the name resolves to (orchestrator/replicas.py)
+    calls: dict[str, str]
     repository: str  # --model-repository inside the container
 
     @property
@@ -185,8 +187,9 @@ def plan_servers(spec: PipelineSpec, options: DeployOptions = DeployOptions()) -
                 if spec.stages[stage].backend == "omni_orchestrator" else None
             for _, target, _ in role_targets(roles):
                 there = spec.server_of(target) if target in spec.stages else p.server
-                if there != p.server:
-                    p.calls[env.SERVER_URL.named(name=there)] = f"{names[there]}:{GRPC_PORT}"
+                if there != p.server:  # every pod of it (locality.parse_target)
+                    p.calls[env.SERVER_URL.named(name=there)] = \
+                        f"dns:///{names[there]}:{GRPC_PORT}"
     return plans
 
 
@@ -314,7 +317,8 @@ def _deployment(spec: PipelineSpec, p: ServerPlan, options: DeployOptions) -> di
 
 
 def _service(spec: PipelineSpec, p: ServerPlan, options: DeployOptions) -> dict:
-    """Headless: the name resolves to every ready pod (gRPC clients balance, not kube-proxy)."""
+    """Headless: the name resolves to every ready pod, which an orchestrator calling the
+    server by its `dns:///` name balances over (kube-proxy would pin each connection)."""
     ports = [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
              {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
               "appProtocol": "kubernetes.io/h2c"},
