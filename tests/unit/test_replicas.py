@@ -419,3 +419,26 @@ def test_readiness_needs_one_ready_replica_per_remote_stage():
     ready, one_down, none = asyncio.run(main())
     assert ready == {} and one_down == {}
     assert list(none) == ["llm"] and A in none["llm"] and B in none["llm"]
+
+
+# --- the spec ---------------------------------------------------------------------------------
+
+def test_a_spec_names_replicas_in_grpc_url_and_a_malformed_one_is_refused(tmp_path):
+    from omni_tools.spec import SpecError, parse_spec
+
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    (lm / "config.json").write_text("{}")
+
+    def spec(url: str) -> dict:
+        return {"pipeline": "replicas", "entry": "omni",
+                "servers": {"front": {}, "engine": {"grpc_url": url}},
+                "stages": {"llm": {"backend": "omni_llm", "model": str(lm), "server": "engine"},
+                           "omni": {"backend": "omni_orchestrator", "server": "front",
+                                    "engine_args": {"stages": {"thinker": "llm"}}}}}
+
+    for url in ("dns:///engine:8001", "ipv4:10.0.0.1:8001,10.0.0.2:8001", "a:1,b:1"):
+        assert parse_spec(spec(url), base_dir=tmp_path).servers["engine"].grpc_url == url
+    with pytest.raises(SpecError, match=r"servers.engine.grpc_url: dns: name 'engine': write "
+                                        r"host:port"):
+        parse_spec(spec("dns:///engine"), base_dir=tmp_path)

@@ -197,6 +197,16 @@ class ServerSpec(_Strict):
     shared_memory: Literal["auto", "system", "none"] = "auto"
     shared_memory_min_bytes: Annotated[int, Field(ge=1)] = SHM_MIN_BYTES_DEFAULT
 
+    @field_validator("grpc_url")
+    @classmethod
+    def _replicas(cls, value: str | None) -> str | None:
+        """host:port, or its replicas: dns:///name:port, ipv4:a:p,b:p, host:p,host:p."""
+        if value is not None:
+            from omni_serve.orchestrator.locality import parse_target
+
+            parse_target(value)  # ValueError saying what to write
+        return value
+
 
 class QueuePolicySpec(_Strict):
     """Triton's `default_queue_policy` of a dynamically batched stage."""
