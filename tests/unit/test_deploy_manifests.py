@@ -333,6 +333,21 @@ def test_replicas_set_the_deployment_the_hpa_floor_and_kserve() -> None:
     _, isvc = deploy.kserve_manifests(parse(preset_data("text-chat")),
                                       deploy.DeployOptions(replicas={"default": 2}))
     assert isvc["spec"]["predictor"]["minReplicas"] == 2
+
+
+def test_compose_runs_replicas_of_a_stage_server_but_one_of_the_entrys() -> None:
+    options = deploy.DeployOptions(replicas={"engine": 2})
+    compose = yaml.safe_load(deploy.render(parse(three_servers()), "compose", options)[
+        "compose.yaml"])
+    compose_validator().validate(compose)
+    services = compose["services"]
+    assert services["omni-split-engine"]["deploy"]["replicas"] == 2
+    assert services["omni-split-engine"]["deploy"]["resources"]  # its GPUs kept, per container
+    assert "replicas" not in services["omni-split-front"].get("deploy", {})
+    assert services["omni-split-front"]["environment"]["OMNI_SERVER_ENGINE_URL"] \
+        == "dns:///omni-split-engine:8001"
+    with pytest.raises(deploy.DeployError, match="the entry's server publishes ports"):
+        deploy.compose_file(parse(three_servers()), deploy.DeployOptions(replicas={"front": 2}))
     with pytest.raises(deploy.DeployError, match="--replicas gpu: no server"):
         deploy.kubernetes_manifests(parse(three_servers()),
                                     deploy.DeployOptions(replicas={"gpu": 2}))
@@ -405,14 +420,17 @@ def test_omni_gen_repo_deploy_writes_manifests_for_paths_inside_the_containers(
     assert container(deployment)["resources"]["limits"] == {"nvidia.com/gpu": 1}
     assert yaml.safe_load((out / "prometheus-adapter" / "values.yaml").read_text())["rules"][
         "custom"]
-    assert gen_repo.main([*args, "--deploy", "compose"]) == 0
+    # compose runs the entry's server once (it publishes the host's ports)
+    assert gen_repo.main([*args, "--deploy", "compose"]) == 2
+    assert "the entry's server publishes ports" in capsys.readouterr().err
+    assert gen_repo.main([*args[:-2], "--deploy", "compose"]) == 0
     assert gen_repo.main([*args, "--deploy", "kserve"]) == 0
     assert {p.name for p in out.iterdir()} == {"kubernetes.yaml", "prometheus-adapter",
                                                "compose.yaml", "spec.yaml", "kserve.yaml"}
     assert "kubectl apply -f" in capsys.readouterr().out
     # the spec is still checked, and a file it did not write is kept
     (out / "compose.yaml").write_text("services: {}\n")
-    assert gen_repo.main([*args, "--deploy", "compose"]) == 2
+    assert gen_repo.main([*args[:-2], "--deploy", "compose"]) == 2
     assert "was not written by omni-gen-repo --deploy" in capsys.readouterr().err
     assert gen_repo.main([*args, "--deploy", "k8s", "--replicas", "engine=2"]) == 2
     assert gen_repo.main([str(spec_file), "--check", "--deploy", "k8s"]) == 2

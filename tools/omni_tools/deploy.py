@@ -444,9 +444,15 @@ def _compose_size(quantity: str) -> str:
 
 def compose_file(spec: PipelineSpec, options: DeployOptions = DeployOptions()) -> dict:
     """A compose project: `gen-repo` writes every server's repository into a shared volume,
-    then one service per server serves its own; the entry's server publishes the ports."""
+    then one service per server serves its own (`--replicas` containers of it, which the
+    orchestrator reaches by the service's name); the entry's server publishes the ports."""
     plans = plan_servers(spec, options)
     entry_server = spec.server_of(spec.entry)
+    entry_plan = next(p for p in plans if p.server == entry_server)
+    if entry_plan.replicas > 1:
+        raise DeployError(f"--replicas {entry_server}={entry_plan.replicas}: with compose the "
+                          f"entry's server publishes ports {HTTP_PORT}-{METRICS_PORT} on the "
+                          "host, so it runs once; scale the other servers, or use --deploy k8s")
     out = f"{COMPOSE_REPO}/{spec.pipeline}"
     cache = {env.MODEL_CACHE.name: f"{COMPOSE_REPO}/.models"}
     mounts: list[dict] = [
@@ -479,6 +485,8 @@ def compose_file(spec: PipelineSpec, options: DeployOptions = DeployOptions()) -
         if p.gpus:
             service["deploy"] = {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "count": p.gpus, "capabilities": ["gpu"]}]}}}
+        if p.replicas > 1:  # compose's DNS gives the service's name every container's address
+            service.setdefault("deploy", {})["replicas"] = p.replicas
         services[p.name] = service
     return {"name": spec.pipeline, "services": services, "volumes": {"repo": {}}}
 
