@@ -189,6 +189,8 @@ class TALKER:
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     IMAGE_GRID_THW = "image_grid_thw"
     AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
+    VIDEO_GRID_THW = "video_grid_thw"
+    VIDEO_SECOND_PER_GRID = "video_second_per_grid"
     VOICE = "voice"
     SAMPLING_PARAMETERS = "sampling_parameters"
 
@@ -215,6 +217,11 @@ TALKER_CONTRACT = StageContract(
                    doc="each image's (t, h, w) patch grid of the thinker's prompt"),
         TensorSpec(TALKER.AUDIO_FEATURE_LENGTHS, "TYPE_INT64", (-1,), optional=True,
                    doc="each audio clip's number of feature frames of the thinker's prompt"),
+        TensorSpec(TALKER.VIDEO_GRID_THW, "TYPE_INT64", (-1, 3), optional=True,
+                   doc="each video's (t, h, w) patch grid of the thinker's prompt"),
+        TensorSpec(TALKER.VIDEO_SECOND_PER_GRID, "TYPE_FP32", (-1,), optional=True,
+                   doc="with video_grid_thw: the seconds each video's temporal grid step "
+                       "stands for (its M-RoPE times)"),
         TensorSpec(TALKER.VOICE, "TYPE_STRING", (1,), optional=True,
                    doc="a voice of the checkpoint (default: its first)"),
         TensorSpec(TALKER.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,

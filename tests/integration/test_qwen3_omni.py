@@ -160,12 +160,10 @@ def test_the_reply_equals_qwen3_omni_in_transformers(url, folder, case):
 VIDEO_QUESTION = "what happens in this video?"
 
 
-@functools.lru_cache(maxsize=2)
-def _video_reference(folder: str, data: bytes) -> tuple[list[int], int]:
-    """transformers' (reply ids, prompt tokens) to VIDEO_QUESTION about the video file `data`.
-
-    Its frames are transformers' own: its pyav loading, with its video processor's sampling at
-    the family's 1 frame a second (torchcodec, its default reader, is not installed here)."""
+def _video_messages(folder: str, data: bytes) -> list[dict]:
+    """VIDEO_QUESTION about the video file `data`, its frames transformers' own: its pyav
+    loading, with its video processor's sampling at the family's 1 frame a second
+    (torchcodec, its default reader, is not installed here)."""
     import tempfile
     from pathlib import Path
 
@@ -177,8 +175,14 @@ def _video_reference(folder: str, data: bytes) -> tuple[list[int], int]:
         frames, _ = load_video(str(Path(tmp) / "clip.mp4"), backend="pyav",
                                sample_indices_fn=sample)
     assert tuple(frames.shape) == (4, 64, 64, 3)
-    messages = [{"role": "user", "content": [{"type": "video", "video": np.asarray(frames)},
-                                             {"type": "text", "text": VIDEO_QUESTION}]}]
+    return [{"role": "user", "content": [{"type": "video", "video": np.asarray(frames)},
+                                         {"type": "text", "text": VIDEO_QUESTION}]}]
+
+
+@functools.lru_cache(maxsize=2)
+def _video_reference(folder: str, data: bytes) -> tuple[list[int], int]:
+    """transformers' (reply ids, prompt tokens) to VIDEO_QUESTION about the video file `data`."""
+    messages = _video_messages(folder, data)
     prompt_tokens = processor_inputs(load(folder)[1], messages)["input_ids"].shape[1]
     return thinker_reply(folder, messages, max_new_tokens=GREEDY["max_tokens"]), prompt_tokens
 
@@ -210,6 +214,23 @@ def test_a_bad_clip_is_invalid_arg_naming_video_and_the_next_request_succeeds(ur
     ok = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, sampling=GREEDY, video=whole)
     assert ok.error is None, ok.error
     assert ok.text == _text(folder, _video_reference(folder, whole)[0])
+
+
+def test_speech_about_a_video_equals_qwen3_omni_in_transformers(url, folder):
+    """The talker's prompt holds the video's rows at the thinker's M-RoPE positions, which
+    need the clip's grid (2 x 24 x 24) and its 2 s a grid step: the orchestrator reads both
+    from the clip's header and the family's sampling, for the talker."""
+    data = clip(fps=10, frames=25, size=(64, 64))
+    want_ids, want_codes, want_wave = reference(
+        folder, _video_messages(folder, data), speaker="chelsie", seed=SEED,
+        max_new_tokens=GREEDY["max_tokens"], talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
+    result = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, modalities=["text", "audio"],
+                      sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="chelsie",
+                      return_codec_ids=True, video=data)
+    assert result.error is None, result.error
+    assert result.text == _text(folder, want_ids)
+    assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
+    assert np.abs(result.audio - want_wave).max() < 1e-4
 
 
 def test_a_thinking_folder_replies_as_transformers_and_refuses_audio(url):

@@ -105,7 +105,8 @@ def cluster(tmp_path_factory):
     (root / "spec.yaml").write_text(yaml.safe_dump(_spec(ports[1]), sort_keys=False))
     repo = gen_repo([root / "spec.yaml"], root / "repo")
     engines = [HostServer(repo / "engine", host, ports, log_path=root / f"engine-{host}.log",
-                          env={"VLLM_CPU_OMP_THREADS_BIND": str(i), "VLLM_CPU_KVCACHE_SPACE": "1"})
+                          env={"VLLM_CPU_OMP_THREADS_BIND": str(i), "VLLM_CPU_KVCACHE_SPACE": "1",
+                               "OMNI_LLM_WARMUP": "0"})  # a faster start
                for i, host in enumerate(HOSTS)]
     front = TritonServer(repo / "front", log_path=root / "front.log", extra_args=EXPLICIT)
     t0 = time.monotonic()

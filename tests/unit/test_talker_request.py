@@ -32,6 +32,23 @@ def test_a_talker_request_carries_the_thinkers_file_prompt_media_voice_and_sampl
     assert req.sampling == {"temperature": 0.0, "max_tokens": 9}
 
 
+def test_a_video_comes_with_its_grid_and_seconds_a_grid_step_together():
+    grid = {TALKER.VIDEO_GRID_THW: np.array([[2, 24, 24]], np.int64)}
+    seconds = {TALKER.VIDEO_SECOND_PER_GRID: np.array([2.0], np.float32)}
+    req = parse_request("t", tensors(**grid, **seconds))
+    assert req.feed.video_grid_thw.tolist() == [[2, 24, 24]]
+    assert req.feed.video_second_per_grid.dtype == np.float32
+    assert req.feed.video_second_per_grid.tolist() == [2.0]
+    for given, missing in ((grid, TALKER.VIDEO_SECOND_PER_GRID), (seconds, TALKER.VIDEO_GRID_THW)):
+        with pytest.raises(RequestError, match="is required with") as e:
+            parse_request("t", tensors(**given))
+        assert e.value.field == missing
+    for bad in (np.array([2.0, 2.0], np.float32), np.array([0.0], np.float32)):
+        with pytest.raises(RequestError) as e:
+            parse_request("t", tensors(**grid, **{TALKER.VIDEO_SECOND_PER_GRID: bad}))
+        assert e.value.field == TALKER.VIDEO_SECOND_PER_GRID
+
+
 @pytest.mark.parametrize("missing", [TALKER.THINKER_HIDDEN_STATES_FILE, TALKER.PROMPT_TOKEN_IDS])
 def test_a_request_without_the_thinkers_file_or_prompt_names_what_is_missing(missing):
     inputs = tensors()

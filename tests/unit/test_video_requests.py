@@ -1,11 +1,11 @@
 """A `video` through the omni entry model to a thinker that takes it raw, without a server.
 
 Runs in the pytest process. The orchestrator's side: request parsing (which families take
-video, what speech about a video gets), the clip's header checked before any stage runs, and
-the thinker's inputs (the file's bytes, the chat template's video placeholder). The llm
-stage's side: the `video` tensor parsed, and the frames vLLM's processor gets, which are the
-ones the family's processor samples (omni_serve.encoder.video, itself checked against
-transformers in test_video_decode.py).
+video), the clip's header checked before any stage runs, the thinker's inputs (the file's
+bytes, the chat template's video placeholder) and, for speech, the talker's (the video's grid
+and time scale, for its positions). The llm stage's side: the `video` tensor parsed, and the
+frames vLLM's processor gets, which are the ones the family's processor samples
+(omni_serve.encoder.video, itself checked against transformers in test_video_decode.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from omni_serve import families
-from omni_serve.contract import LLM, OMNI
+from omni_serve.contract import LLM, OMNI, TALKER
 from omni_serve.encoder.config import MediaLimits
 from omni_serve.encoder.video import decode_video
 from omni_serve.errors import RequestError
@@ -85,10 +85,28 @@ def test_a_bad_clip_is_refused_naming_video_before_any_stage_runs(qwen3_prompt):
     assert stages.calls == []
 
 
+def test_speech_about_a_video_gives_the_talker_its_grid_and_seconds_a_grid_step(video,
+                                                                                 qwen3_prompt):
+    """The talker's M-RoPE positions need the video's grid and time scale: the processor's
+    grid of the 4 sampled frames (384x384, patch 16: 2 x 24 x 24) and 2 s a grid step (2
+    frames at Qwen3-Omni's 1 frame a second). The thinker gets neither: it reads the file."""
+    cfg = config(family="qwen3_omni_moe",
+                 stages={"thinker": "llm", "talker": "talker", "audio_decoder": "dec"})
+    stages = ScriptedStages(reply_tokens=4, talker_codes=0)  # no frames to decode
+    run(cfg, stages, qwen3_prompt, tensors("what happens?", video=video,
+                                           **{OMNI.MODALITIES: ["text", "audio"]}))
+    (talker,) = stages.talker_requests()
+    assert talker[TALKER.VIDEO_GRID_THW].dtype == np.int64
+    assert talker[TALKER.VIDEO_GRID_THW].tolist() == [[2, 24, 24]]
+    assert talker[TALKER.VIDEO_SECOND_PER_GRID].tolist() == [2.0]
+    assert not {TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS} & set(talker)
+    (thinker,) = stages.thinker_requests()
+    assert not {TALKER.VIDEO_GRID_THW, TALKER.VIDEO_SECOND_PER_GRID} & set(thinker)
+
+
 @pytest.mark.parametrize("extra,message", [
     ({OMNI.VIDEO: b""}, "is empty"),
     ({OMNI.VIDEO: b"x" * 2000}, "is 2000 bytes; at most 1000 are allowed"),
-    ({OMNI.VIDEO: b"clip", OMNI.MODALITIES: ["text", "audio"]}, "speech about a video is not served yet"),
 ])
 def test_bad_video_requests_name_video(extra, message):
     cfg = config(family="qwen3_omni_moe", max_media_bytes=1000,

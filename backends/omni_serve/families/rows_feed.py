@@ -45,7 +45,8 @@ class ThinkerRowsFeed:
             TALKER.PROMPT_TOKEN_IDS: np.array(reply.prompt_ids, dtype=np.int64),
             TALKER.SAMPLING_PARAMETERS: text_tensor(json.dumps(sampling)),
         }
-        for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS):
+        for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS,
+                     TALKER.VIDEO_GRID_THW, TALKER.VIDEO_SECOND_PER_GRID):
             if name in media:
                 inputs[name] = media[name]
         if voice:

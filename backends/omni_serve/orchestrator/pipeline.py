@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni_serve import families
-from omni_serve.contract import DIT, ENCODER, LLM
+from omni_serve.contract import DIT, ENCODER, LLM, TALKER
 from omni_serve.errors import RequestError, StageFailedError, is_overloaded
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the adapter)
@@ -236,21 +236,30 @@ class OmniPipeline:
                 media[LLM.IMAGE_EMBEDS] = rows.reshape(-1, rows.shape[-1])
                 media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
                                                        dtype=np.int64).reshape(1, 3)
+        video_shapes: dict[str, np.ndarray] = {}
         if req.video is not None:  # a raw-media family's (request parsing refused others)
-            await asyncio.to_thread(self._check_video, req.video)
+            video_shapes = await asyncio.to_thread(self._check_video, req.video)
             kinds.append("video")
             media[LLM.VIDEO] = np.array([req.video], dtype=np.object_)
         prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
         shapes = {k: v for found in await asyncio.gather(*shape_jobs) for k, v in found.items()}
+        if req.wants_audio:
+            shapes.update(video_shapes)
         return media, prompt, shapes
 
-    def _check_video(self, data: bytes) -> None:
+    def _check_video(self, data: bytes) -> dict[str, np.ndarray]:
         """RequestError("video", ...) for a clip the thinker would refuse, from its header alone
-        (the thinker decodes its frames; one cut short inside them is refused there)."""
+        (the thinker decodes its frames; one cut short inside them is refused there); else
+        what the talker's positions need of it: the processor's grid of the frames the
+        family samples, and the seconds a temporal grid step stands for."""
         from omni_serve.encoder.config import MediaLimits
         from omni_serve.encoder.video import probe_video
 
-        probe_video(data, MediaLimits(), families.get(self.cfg.family).video)
+        sampling = families.get(self.cfg.family).video
+        header = probe_video(data, MediaLimits(), sampling)
+        return {TALKER.VIDEO_GRID_THW: np.array([header.grid_thw(sampling)], dtype=np.int64),
+                TALKER.VIDEO_SECOND_PER_GRID: np.array([sampling.seconds_per_grid],
+                                                       dtype=np.float32)}
 
     def _raw_shapes(self, kind: str, data: bytes) -> dict[str, np.ndarray]:
         """{image_grid_thw} / {audio_feature_lengths} of a raw media file ({} for a family

@@ -247,10 +247,6 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
     )
     # Talker sampling and stream_audio only shape speech: without it they are
     # checked, then unused. Codec ids are an output, so asking for them needs speech.
-    if req.video is not None and req.wants_audio and req.task == "chat":
-        # the talker's positions would need the clip's grid, which it does not take yet
-        raise RequestError(OMNI.VIDEO, "speech about a video is not served yet: ask for "
-                                       f"text only ({OMNI.MODALITIES} [\"text\"])")
     if req.return_codec_ids and not req.wants_audio:
         raise RequestError(OMNI.MODALITIES, f"{OMNI.RETURN_CODEC_IDS} needs speech output: add "
                                             f"'audio' to {OMNI.MODALITIES} (or use task speech)")

@@ -27,6 +27,8 @@ class TalkerInput:
     voice: str | None = None
     image_grid_thw: np.ndarray | None = None
     audio_feature_lengths: np.ndarray | None = None
+    video_grid_thw: np.ndarray | None = None
+    video_second_per_grid: np.ndarray | None = None
 
 
 @dataclass
@@ -58,6 +60,27 @@ def merge_outputs(outputs: list[TalkerOutput]) -> TalkerOutput:
     return TalkerOutput(np.concatenate([o.codes for o in outputs]), last.finish_reason, last.final)
 
 
+def _video(tensors: dict[str, np.ndarray | None]) -> dict[str, np.ndarray | None]:
+    """Each video's grid and its seconds a temporal grid step, given together."""
+    grid = counts(TALKER.VIDEO_GRID_THW, tensors.get(TALKER.VIDEO_GRID_THW), "n,3")
+    seconds = tensors.get(TALKER.VIDEO_SECOND_PER_GRID)
+    if (grid is None) != (seconds is None):
+        have, need = ((TALKER.VIDEO_GRID_THW, TALKER.VIDEO_SECOND_PER_GRID) if grid is not None
+                      else (TALKER.VIDEO_SECOND_PER_GRID, TALKER.VIDEO_GRID_THW))
+        raise RequestError(need, f"is required with {have}")
+    if seconds is not None:
+        seconds = np.asarray(seconds).reshape(-1)
+        if seconds.dtype.kind not in "fiu" or len(seconds) != len(grid):
+            raise RequestError(TALKER.VIDEO_SECOND_PER_GRID,
+                               f"must be {len(grid)} numbers, one per video of "
+                               f"{TALKER.VIDEO_GRID_THW}, got {seconds.size} of {seconds.dtype}")
+        if not np.all(np.isfinite(seconds)) or seconds.min() <= 0:
+            raise RequestError(TALKER.VIDEO_SECOND_PER_GRID,
+                               f"must be positive seconds, got {seconds.tolist()}")
+        seconds = seconds.astype(np.float32)
+    return {"video_grid_thw": grid, "video_second_per_grid": seconds}
+
+
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                   parameters: dict[str, Any] | None = None) -> TalkerRequest:
     """Validate one request; request parameters may carry sampling fields (as omni_llm's),
@@ -75,7 +98,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         source=source, prompt_token_ids=tuple(ids), voice=voice or None,
         image_grid_thw=counts(TALKER.IMAGE_GRID_THW, tensors.get(TALKER.IMAGE_GRID_THW), "n,3"),
         audio_feature_lengths=counts(TALKER.AUDIO_FEATURE_LENGTHS,
-                                     tensors.get(TALKER.AUDIO_FEATURE_LENGTHS), "n"))
+                                     tensors.get(TALKER.AUDIO_FEATURE_LENGTHS), "n"),
+        **_video(tensors))
     from_params = sampling.coerce(dict(parameters or {}), source="parameters")
     from_tensor = sampling.coerce(sampling.parse_json(scalar(tensors, TALKER.SAMPLING_PARAMETERS)))
     return TalkerRequest(request_id, feed, {**from_params, **from_tensor})

@@ -173,6 +173,9 @@ class TalkerPrompter:
         import torch
 
         voice = self.voice(req.voice)
+        if req.video_grid_thw is not None:  # its positions would need the video's grid
+            raise RequestError(TALKER.VIDEO_GRID_THW, "this talker (Qwen2.5-Omni) speaks about "
+                                                      "no video yet: ask for text only")
         if not talker_engine.valid_source(req.source):
             raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                "must be a hidden-state file a thinker stage on this host handed "

@@ -354,7 +354,9 @@ class TalkerPrompter:
         rows = await _wait_rows(req.source, start + 4, width, timeout_s)
         embeds, hidden = hidden_states.split_rows(rows)
         media = {"image_grid_thw": req.image_grid_thw,
-                 "audio_feature_lengths": req.audio_feature_lengths}
+                 "audio_feature_lengths": req.audio_feature_lengths,
+                 "video_grid_thw": req.video_grid_thw,
+                 "video_second_per_grid": req.video_second_per_grid}
         codes_file = self._new_codes_file()
         embeds_ = self.prompt_from_rows(ids, embeds, hidden, voice)
         return self._engine_prompt(embeds_, ids, codes_file, req.source, media)
