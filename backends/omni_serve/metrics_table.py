@@ -162,6 +162,19 @@ class OpenAIMetrics(MetricTable):
     REQUEST_SECONDS = MetricSpec("omni_openai_request_seconds", "histogram",
                                  "Time to the response head (streams: to the first event)",
                                  HTTP_BUCKETS, ("endpoint",))
+    REALTIME_SESSIONS = MetricSpec("omni_openai_realtime_sessions", "gauge",
+                                   "Realtime (WebSocket) sessions open", (), ("model",))
+    REALTIME_TURNS = MetricSpec("omni_openai_realtime_turns_total", "counter",
+                                "Realtime responses by how they ended (completed, cancelled, "
+                                "incomplete, failed)", (), ("status",))
+    REALTIME_INTERRUPTIONS = MetricSpec("omni_openai_realtime_interruptions_total", "counter",
+                                        "Realtime responses cancelled while running, by reason "
+                                        "(client_cancelled, turn_detected, disconnected)", (),
+                                        ("reason",))
+    REALTIME_FIRST_AUDIO_SECONDS = MetricSpec(
+        "omni_openai_realtime_first_audio_seconds", "histogram",
+        "Time from the end of the user's turn (the audio commit, else response.create) to the "
+        "response's first audio", HTTP_BUCKETS, ("model",))
 
 
 class TritonMetrics(MetricTable):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -32,6 +32,7 @@ from omni_client import AsyncOmniClient, ModelInfo
 from omni_client.errors import OmniClientError
 from omni_client.media import encode_audio
 from omni_client.openai_server import protocol as p
+from omni_client.openai_server import realtime as rt
 from omni_client.openai_server.responses import (
     ChatCompletion,
     as_openai_error,
@@ -62,6 +63,7 @@ class Frontend:
                                 list(requests.labels), registry=self.registry)
         self.latency = Histogram(latency.name, latency.help, list(latency.labels),
                                  registry=self.registry, buckets=latency.buckets)
+        self.realtime = rt.RealtimeMetrics(self.registry)
 
     async def start(self) -> None:
         self.client = AsyncOmniClient(self.triton_url, timeout=self.timeout_s)
@@ -107,9 +109,11 @@ async def _first_and_rest(events: AsyncIterator[Event]) -> tuple[list[Event], As
     return [first], events
 
 
-def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
+def create_app(triton_url: str, *, timeout_s: float | None = 120.0,
+               realtime: rt.RealtimeSettings | None = None) -> FastAPI:
     """The FastAPI app serving the OpenAI API for the Triton server at `triton_url` (gRPC)."""
     front = Frontend(triton_url, timeout_s=timeout_s)
+    hub = rt.RealtimeHub(realtime or rt.RealtimeSettings(), front.realtime)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -244,6 +248,12 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0) -> FastAPI:
             return Response(encode_audio(samples, chunks[0].sample_rate, fmt), media_type=media)
         return StreamingResponse(speech_stream(first, rest, fmt), media_type=media)
 
+    # --- realtime (WebSocket) ----------------------------------------------------------
+
+    @app.websocket("/v1/realtime")
+    async def realtime_session(websocket: WebSocket, model: str | None = None):
+        await rt.serve(websocket, hub, front, model)
+
     # --- web demo --------------------------------------------------------------------
 
     if STATIC_DIR.is_dir():
@@ -283,9 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds to wait for each Triton response (default: %(default)s)")
     parser.add_argument("--log-level", default="info")
+    rt.add_arguments(parser)
     args = parser.parse_args(argv)
     import uvicorn
 
-    uvicorn.run(create_app(args.triton_url, timeout_s=args.timeout), host=args.host,
-                port=args.port, log_level=args.log_level)
+    app = create_app(args.triton_url, timeout_s=args.timeout,
+                     realtime=rt.RealtimeSettings.from_args(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -143,6 +143,18 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             (f"histogram_quantile({q}, sum by (le, endpoint) "
              f"(rate(omni_openai_request_seconds_bucket{RATE})))", f"{{{{endpoint}}}} p{p}")
             for q, p in ((0.5, 50), (0.95, 95))), "Streams: to the first event"),
+        Panel("Realtime sessions and turns", "short", (
+            ("sum by (model) (omni_openai_realtime_sessions)", "{{model}} sessions open"),
+            ("sum by (status) (rate(omni_openai_realtime_turns_total" + RATE + "))",
+             "turns/s {{status}}"),
+            ("sum by (reason) (rate(omni_openai_realtime_interruptions_total" + RATE + "))",
+             "interruptions/s {{reason}}"),
+        ), "/v1/realtime: sessions open, responses by how they ended, cancels by reason"),
+        Panel("Realtime time to first audio", "s", tuple(
+            (f"histogram_quantile({q}, sum by (le, model) "
+             f"(rate(omni_openai_realtime_first_audio_seconds_bucket{RATE})))",
+             f"{{{{model}}}} p{p}")
+            for q, p in ((0.5, 50), (0.99, 99))), "From the end of the user's turn"),
     )),
 )
 

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -199,10 +200,11 @@ class OpenAIFrontend:
     """One `omni-openai` process (the venv's console script) on a free port; a context manager."""
 
     def __init__(self, triton_grpc_url: str, *, port: int | None = None,
-                 log_path: str | Path | None = None):
+                 log_path: str | Path | None = None, extra_args: Sequence[str] = ()):
         self.triton_grpc_url = triton_grpc_url
         self.port = port or free_port()
         self.log_path = Path(log_path) if log_path else None
+        self.extra_args = list(extra_args)  # more omni-openai flags
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -212,7 +214,7 @@ class OpenAIFrontend:
     def start(self, timeout: float = 60.0) -> OpenAIFrontend:
         cli = Path(sys.prefix) / "bin" / "omni-openai"
         cmd = [str(cli), "--triton-url", self.triton_grpc_url, "--host", "127.0.0.1",
-               "--port", str(self.port)]
+               "--port", str(self.port), *self.extra_args]
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)

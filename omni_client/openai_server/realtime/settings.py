@@ -1,0 +1,64 @@
+"""The limits and defaults of omni-openai's realtime sessions, and their CLI flags.
+
+Runs in the omni-openai process at start-up: `add_arguments` adds the flags to
+omni-openai's parser, `RealtimeSettings.from_args` reads them back.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class RealtimeSettings:
+    """Limits of `/v1/realtime`.
+
+    Attributes:
+        max_sessions: sessions open at once; one more is refused (an error
+            event, then the socket closes).
+        max_buffer_bytes: bytes the input audio buffer (and one input_audio
+            item) may hold, PCM16 at 24 kHz (the default is 10 minutes).
+        idle_timeout_s: a session with no client event and no running
+            response for this long is closed.
+        max_session_s: a session is closed this long after it opened.
+        audio_prompt: the text sent with a user turn that is audio only (the
+            omni pipeline reads an instruction with every turn).
+    """
+
+    max_sessions: int = 32
+    max_buffer_bytes: int = 24000 * 2 * 600
+    idle_timeout_s: float = 300.0
+    max_session_s: float = 3600.0
+    audio_prompt: str = "Answer what you hear."
+
+    def __post_init__(self):
+        for name in ("max_sessions", "max_buffer_bytes", "idle_timeout_s", "max_session_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"realtime {name} must be positive, got {getattr(self, name)!r}")
+        if not self.audio_prompt.strip():
+            raise ValueError("realtime audio_prompt must not be empty")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RealtimeSettings:
+        return cls(**{f.name: getattr(args, f"realtime_{f.name}") for f in fields(cls)})
+
+
+_HELP = {
+    "max_sessions": "realtime sessions open at once (default: %(default)s)",
+    "max_buffer_bytes": "bytes of PCM16 24 kHz input audio a session buffers (default: "
+                        "%(default)s, 10 minutes)",
+    "idle_timeout_s": "seconds without a client event before a session closes "
+                      "(default: %(default)s)",
+    "max_session_s": "seconds a session may last (default: %(default)s)",
+    "audio_prompt": "text sent with a user turn that is audio only (default: %(default)r)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--realtime-max-sessions`, `--realtime-max-buffer-bytes`, `--realtime-idle-timeout-s`,
+    `--realtime-max-session-s` and `--realtime-audio-prompt`."""
+    defaults = RealtimeSettings()
+    for f in fields(RealtimeSettings):
+        default = getattr(defaults, f.name)
+        parser.add_argument(f"--realtime-{f.name.replace('_', '-')}", type=type(default),
+                            default=default, help=_HELP[f.name])
