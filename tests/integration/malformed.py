@@ -731,6 +731,19 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
             "image_grid_thw", T(np.array([[1, v, 2]], np.int64), "INT64"), f"h = {v}")),
         "audio_feature_lengths": st.integers(-(2**63), 0).map(lambda v: r.attack(
             "audio_feature_lengths", ints([v]), f"length {v}")),
+        # a video's grid and its seconds a grid step travel together
+        "video_grid_thw": st.one_of(
+            st.integers(-(2**63), 0).map(lambda v: r.attack(
+                "video_grid_thw", T(np.array([[2, v, 2]], np.int64), "INT64"), f"h = {v}",
+                add={"video_second_per_grid": floats([2.0])})),
+            st.just(r.attack("video_grid_thw", T(np.array([[2, 4, 4]], np.int64), "INT64"),
+                             "without video_second_per_grid", ("video_second_per_grid",)))),
+        "video_second_per_grid": st.one_of(
+            st.sampled_from([0.0, -1.0, float("nan"), float("inf")]).map(lambda v: r.attack(
+                "video_second_per_grid", floats([v]), f"{v} s a grid step",
+                add={"video_grid_thw": T(np.array([[2, 4, 4]], np.int64), "INT64")})),
+            st.just(r.attack("video_second_per_grid", floats([2.0]), "without video_grid_thw",
+                             ("video_grid_thw",)))),
     }
     return r
 
