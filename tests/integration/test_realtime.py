@@ -355,3 +355,89 @@ def test_a_session_over_the_limit_is_refused(omni_chat_server, tmp_path):
                 await asyncio.sleep(0.05)
 
         assert _run(again()).type == "session.created"
+
+
+# --- server VAD --------------------------------------------------------------------------
+
+VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+       "silence_duration_ms": 500}
+APPEND_BYTES = 4800  # 100 ms
+
+
+@pytest.fixture(scope="module")
+def clip():
+    from tests.speech_clip import turns
+
+    return turns(["Hello there, how are you today?", "Tell me a story about the sea."],
+                 lead_ms=1000, gap_ms=1500, tail_ms=1500)
+
+
+async def _speak(rt: Session, data: bytes) -> None:
+    for at in range(0, len(data), APPEND_BYTES):
+        await rt.send(type="input_audio_buffer.append",
+                      audio=base64.b64encode(data[at:at + APPEND_BYTES]).decode())
+
+
+def test_server_vad_commits_the_speech_and_answers_it(openai_frontend, omni_chat_server, clip):
+    first = clip.bytes[:(clip.spans[0][1] + 1200) * 48]
+
+    async def run():
+        async with realtime(openai_frontend) as rt:
+            await rt.update({**SESSION, "audio": {**SESSION["audio"],
+                                                  "input": {"turn_detection": VAD}}})
+            await _speak(rt, first)
+            return await rt.until("response.done")
+
+    events = _run(run())
+    kinds = [e.type for e in events]
+    at = kinds.index("input_audio_buffer.speech_started")
+    assert kinds[at:at + 6] == [
+        "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed", "conversation.item.added", "conversation.item.done",
+        "response.created"]
+    started, stopped = events[at], events[at + 1]
+    # the committed turn is the speech from its padded start to its stop: the omni model's
+    # answer to those samples
+    spoken = first[started.audio_start_ms * 48:stopped.audio_end_ms * 48]
+    want = reference(omni_chat_server.grpc_url, RealtimeSettings().audio_prompt,
+                     audio=input_wav(spoken))
+    assert events[-1].response.usage.input_tokens == want.usage.prompt_tokens
+    assert transcript(events) == want.text
+    assert_within_one_step(pcm(events), want.audio)
+
+
+def test_speech_during_an_answer_interrupts_it(openai_frontend, omni_chat_server, clip):
+    """Barge-in: the second utterance's speech_started comes while the first answer speaks;
+    that answer is cancelled before any more of it is sent, every stage stops, and the
+    second utterance is answered."""
+    split = (clip.spans[0][1] + 1200) * 48
+    before = _talker_tokens(omni_chat_server)
+
+    async def run():
+        async with realtime(openai_frontend) as rt:
+            await rt.update({**LONG_SESSION, "audio": {**SESSION["audio"],
+                                                       "input": {"turn_detection": VAD}}})
+            await _speak(rt, clip.bytes[:split])
+            head = await rt.until("response.output_audio.delta")
+            # the next answer (to the second utterance) is short
+            await rt.update({"talker_sampling_parameters":
+                             SESSION["talker_sampling_parameters"]})
+            await _speak(rt, clip.bytes[split:])
+            barge = await rt.until("input_audio_buffer.speech_started")
+            started = time.perf_counter()
+            cut = await rt.until("response.done")
+            cancel_s = time.perf_counter() - started
+            rest = await rt.until("response.done")
+            return head, barge, cut, cancel_s, rest
+
+    head, barge, cut, cancel_s, rest = _run(run())
+    print(f"\nbarge-in: speech_started -> response.done (cancelled) {cancel_s * 1000:.1f} ms, "
+          f"{sum(e.type.endswith('.delta') for e in cut)} deltas between")
+    assert [e.type for e in cut if e.type.endswith(".delta")] == []  # nothing after the speech
+    done = cut[-1].response
+    assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+    assert done.id == next(e.response.id for e in head if e.type == "response.created")
+    assert rest[-1].response.status in ("completed", "incomplete")  # the second turn answered
+    idle = wait_idle(omni_chat_server, *STAGES, timeout=60)
+    assert not any(idle.values()), idle
+    assert _talker_tokens(omni_chat_server) - before < LONG / 2
