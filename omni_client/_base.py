@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from omni_client import _calls, _llm_io
 from omni_client._calls import ModelInfo, Prepared
 from omni_client.errors import RequestTimeoutError
-from omni_client.media import AudioInput, ImageInput
+from omni_client.media import AudioInput, ImageInput, VideoInput
 from omni_client.types import Completion, TextDelta
 
 logger = logging.getLogger("omni_client")
@@ -36,6 +36,8 @@ class StreamOptions(TypedDict, total=False):
     Attributes:
         image, audio: media inputs (omni pipelines): a path, the file's
             bytes, a PIL image / numpy samples (give `audio_sample_rate`).
+        video: a video (omni pipelines whose thinker takes one): a path or
+            the container file's bytes (MP4, MOV, MKV, WebM, AVI, ...).
         modalities: outputs wanted, e.g. ["text", "audio"] (omni pipelines).
         sampling_parameters: vLLM SamplingParams fields for the LLM;
             `max_tokens` and `temperature` override the same keys.
@@ -61,6 +63,7 @@ class StreamOptions(TypedDict, total=False):
 
     image: ImageInput | None
     audio: AudioInput | None
+    video: VideoInput | None
     audio_sample_rate: int | None
     modalities: Sequence[str] | None
     sampling_parameters: Mapping[str, Any] | None

@@ -15,7 +15,14 @@ import tritonclient.grpc as grpcclient
 
 from omni_client import _pipeline_io as io
 from omni_client.errors import BadRequestError, ServerError
-from omni_client.media import AudioInput, ImageInput, audio_bytes, image_bytes
+from omni_client.media import (
+    AudioInput,
+    ImageInput,
+    VideoInput,
+    audio_bytes,
+    image_bytes,
+    video_bytes,
+)
 from omni_client.types import ChatResult, Event, Final, ImageOutput, SpeechResult, TextDelta
 from omni_serve.contract import ENTRY_PARAMETER
 
@@ -75,7 +82,8 @@ def _is_batched(config: Mapping[str, Any]) -> bool:
 
 def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
                    image: ImageInput | None = None, audio: AudioInput | None = None,
-                   audio_sample_rate: int | None = None, modalities: Sequence[str] | None = None,
+                   video: VideoInput | None = None, audio_sample_rate: int | None = None,
+                   modalities: Sequence[str] | None = None,
                    sampling_parameters: Mapping[str, Any] | None = None,
                    max_tokens: int | None = None, temperature: float | None = None,
                    voice: str | None = None, seed: int | None = None, task: str | None = None,
@@ -99,10 +107,11 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
             task=task, session_id=session_id, history=history, talker_sampling=talker_sampling,
             stream_audio=stream_audio, return_codec_ids=return_codec_ids, extra=inputs,
             image=None if image is None else image_bytes(image),
-            audio=None if audio is None else audio_bytes(audio, sample_rate=audio_sample_rate))
+            audio=None if audio is None else audio_bytes(audio, sample_rate=audio_sample_rate),
+            video=None if video is None else video_bytes(video))
         return Prepared(model, tensors, io.omni_outputs(codec_ids=bool(return_codec_ids)),
                         unary=False, parse=io.parse_omni)
-    extras = {"image": image, "audio": audio, "voice": voice, "task": task, "inputs": inputs,
+    extras = {"image": image, "audio": audio, "video": video, "voice": voice, "task": task, "inputs": inputs,
               "session_id": session_id,
               "talker_sampling": talker_sampling or None, "stream_audio": stream_audio,
               "return_codec_ids": return_codec_ids or None}

@@ -3,7 +3,7 @@
 Runs in the caller's process, with no network I/O. An entry model is one of
 three kinds, told apart by its config's backend:
 
-- "omni": the orchestrator (`omni_orchestrator`): text/image/audio in, text
+- "omni": the orchestrator (`omni_orchestrator`): text/image/audio/video in, text
   deltas, audio chunks, images and a final metrics response out (streamed);
 - "llm": an LLM stage (`omni_llm`, or Triton's own `vllm` backend): text in,
   text deltas out (streamed);
@@ -67,6 +67,7 @@ def omni_inputs(
     *,
     image: bytes | None = None,
     audio: bytes | None = None,
+    video: bytes | None = None,
     modalities: Sequence[str] | None = None,
     sampling_parameters: Mapping[str, Any] | None = None,
     voice: str | None = None,
@@ -100,6 +101,7 @@ def omni_inputs(
         OMNI.TEXT_INPUT: text,
         OMNI.IMAGE: None if image is None else np.array([image], dtype=np.object_),
         OMNI.AUDIO: None if audio is None else np.array([audio], dtype=np.object_),
+        OMNI.VIDEO: None if video is None else np.array([video], dtype=np.object_),
         OMNI.MODALITIES: None if modalities is None else list(modalities),
         OMNI.SAMPLING_PARAMETERS: None if not sampling_parameters
         else _llm_io.encode_sampling_parameters(sampling_parameters),

@@ -85,11 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     chat = commands.add_parser("chat", parents=[common], help="chat; the reply streams to stdout",
-                               description="Send a message (with an image or audio) and stream "
+                               description="Send a message (with an image, audio or a video) and stream "
                                            "the reply to stdout; --audio-out also asks for speech.")
     chat.add_argument("text", help="the message")
     chat.add_argument("--image", metavar="PATH", help="an image to send with the message")
     chat.add_argument("--audio", metavar="PATH", help="an audio file (WAV, FLAC, OGG) to send")
+    chat.add_argument("--video", metavar="PATH", help="a video file (MP4, MOV, MKV, WebM, AVI) to send")
     chat.add_argument("--audio-out", metavar="PATH",
                       help="also speak the reply and write it here (.wav, .flac or .pcm)")
     chat.add_argument("--image-out", metavar="PATH", help="also generate an image and write it here")
@@ -253,6 +254,7 @@ def run_chat(client: OmniClient, args: argparse.Namespace, out: TextIO, err: Tex
     audio_s = 0.0
     events: list[Event] = []
     stream = client.stream(args.text, model=args.model, image=args.image, audio=args.audio,
+                           video=args.video,
                            modalities=modalities, max_tokens=args.max_tokens,
                            temperature=args.temperature, voice=args.voice, seed=args.seed)
     try:

@@ -1,7 +1,8 @@
 """Media in and out of omni_client calls: what callers pass, what the wire carries.
 
 Runs in the caller's process. Inputs may be a path, the file's bytes, a PIL
-image, or numpy audio with its sample rate; they are sent as file bytes
+image, or numpy audio with its sample rate (a video: a path or the container
+file's bytes); they are sent as file bytes
 (the server decodes and checks them). Audio out is written by one encoder,
 `encode_audio`: 16-bit PCM WAV (what Python's `wave` module and every player
 read, and what OpenAI sends), FLAC, Ogg Vorbis, or raw 16-bit little-endian PCM;
@@ -25,6 +26,9 @@ ImageInput = str | os.PathLike | bytes | bytearray | memoryview | Image.Image
 AudioInput = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray | tuple
 """A path, the file's bytes (WAV, FLAC, OGG), or mono samples as a numpy array
 (give `sample_rate`) or an `(array, sample_rate)` pair."""
+
+VideoInput = str | os.PathLike | bytes | bytearray | memoryview
+"""A path or the container file's bytes (MP4, MOV, MKV, WebM, AVI, ...)."""
 
 AUDIO_FORMATS = ("wav", "flac", "ogg", "pcm")
 """Formats `encode_audio` writes; "pcm" is raw little-endian 16-bit mono."""
@@ -65,6 +69,24 @@ def image_bytes(image: ImageInput, *, field: str = "image") -> bytes:
         else:
             raise BadRequestError(f"{field}: expected a path, bytes or a PIL image, "
                                   f"got {type(image).__name__}")
+    if not data:
+        raise BadRequestError(f"{field}: is empty")
+    return data
+
+
+def video_bytes(video: VideoInput, *, field: str = "video") -> bytes:
+    """The bytes to send for a video input: the container file as it is (the server
+    decodes it, samples its frames and checks its limits).
+
+    Raises:
+        BadRequestError: unreadable path, empty data or an unsupported type.
+    """
+    data = _raw(video)
+    if data is None:
+        if not isinstance(video, str | os.PathLike):
+            raise BadRequestError(f"{field}: expected a path or the video file's bytes, "
+                                  f"got {type(video).__name__}")
+        data = _read(video, field)
     if not data:
         raise BadRequestError(f"{field}: is empty")
     return data

@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from omni_client import AsyncOmniClient, ModelInfo
 from omni_client.errors import OmniClientError
 from omni_client.media import encode_audio
+from omni_client.openai_server import media_urls
 from omni_client.openai_server import protocol as p
 from omni_client.openai_server import realtime as rt
 from omni_client.openai_server.responses import (
@@ -110,9 +111,13 @@ async def _first_and_rest(events: AsyncIterator[Event]) -> tuple[list[Event], As
 
 
 def create_app(triton_url: str, *, timeout_s: float | None = 120.0,
-               realtime: rt.RealtimeSettings | None = None) -> FastAPI:
-    """The FastAPI app serving the OpenAI API for the Triton server at `triton_url` (gRPC)."""
+               realtime: rt.RealtimeSettings | None = None,
+               media: media_urls.MediaURLSettings | None = None) -> FastAPI:
+    """The FastAPI app serving the OpenAI API for the Triton server at `triton_url` (gRPC).
+
+    `media`: which video URLs besides data: URLs it reads (default: none)."""
     front = Frontend(triton_url, timeout_s=timeout_s)
+    media = media or media_urls.MediaURLSettings()
     hub = rt.RealtimeHub(realtime or rt.RealtimeSettings(), front.realtime)
 
     @asynccontextmanager
@@ -179,9 +184,13 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0,
         info = await front.model(body.model, ("omni", "llm"))
         if info.kind == "omni":
             turn = p.user_turn(body.messages)
+            if turn.video_url is not None:
+                turn.video = await media_urls.read_media_url(turn.video_url, turn.video_param,
+                                                             media)
             inputs = _omni_context(body)
             events = front.client.stream(
                 turn.text, model=info.name, image=turn.image, audio=turn.audio,
+                video=turn.video,
                 modalities=["text", "audio"] if audio else ["text"],
                 sampling_parameters=body.sampling_parameters(),
                 voice=body.audio.voice if audio else None, seed=body.seed,
@@ -191,9 +200,9 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0,
                 raise p.OpenAIError(400, f"model {info.name!r} produces text only; use an omni "
                                          "pipeline for audio", param="modalities")
             turn = p.user_turn(body.messages)
-            if turn.image is not None or turn.audio is not None:
-                raise p.OpenAIError(400, "this model reads text only; send images and audio to "
-                                         "an omni pipeline", param="messages")
+            if turn.has_media:
+                raise p.OpenAIError(400, "this model reads text only; send images, audio and "
+                                         "video to an omni pipeline", param="messages")
             # the chat, rendered by the model's chat template in the llm stage
             events = front.client.stream(turn.text, model=info.name,
                                          history=p.history(body.messages, allow_system=True),
@@ -294,10 +303,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds to wait for each Triton response (default: %(default)s)")
     parser.add_argument("--log-level", default="info")
     rt.add_arguments(parser)
+    media_urls.add_arguments(parser)
     args = parser.parse_args(argv)
     import uvicorn
 
+    try:
+        media = media_urls.MediaURLSettings.from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     app = create_app(args.triton_url, timeout_s=args.timeout,
-                     realtime=rt.RealtimeSettings.from_args(args))
+                     realtime=rt.RealtimeSettings.from_args(args), media=media)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

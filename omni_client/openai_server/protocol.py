@@ -63,7 +63,18 @@ class AudioPart(_Body):
     input_audio: InputAudio
 
 
-Part = TextPart | ImagePart | AudioPart
+class VideoURL(_Body):
+    url: str
+
+
+class VideoPart(_Body):
+    """vLLM's OpenAI server's video content part (not in OpenAI's own API)."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+Part = TextPart | ImagePart | AudioPart | VideoPart
 
 
 class AudioRef(_Body):
@@ -168,6 +179,13 @@ class UserTurn(BaseModel):
     text: str
     image: bytes | None = None
     audio: bytes | None = None
+    video: bytes | None = None  # a data: URL's bytes
+    video_url: str | None = None  # else the URL to read (media_urls.py), named by video_param
+    video_param: str | None = None
+
+    @property
+    def has_media(self) -> bool:
+        return any(v is not None for v in (self.image, self.audio, self.video, self.video_url))
 
 
 def _data_url(url: str, param: str) -> bytes:
@@ -183,6 +201,21 @@ def _b64(data: str, param: str) -> bytes:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise OpenAIError(400, f"invalid base64 ({exc})", param=param) from None
+
+
+def _video(turn: UserTurn, url: str, param: str) -> None:
+    """A video part's data: URL decoded into `turn.video`; any other URL kept for the
+    server to read as its flags allow (`turn.video_url`)."""
+    if url[:5].lower() != "data:":
+        turn.video_url, turn.video_param = url, param
+        return
+    spec, comma, data = url[5:].partition(",")
+    if not comma or spec.rpartition(";")[2].lower() != "base64":
+        raise OpenAIError(400, "a data: URL must be base64 (data:video/mp4;base64,...)",
+                          param=param)
+    turn.video = _b64(data, param)
+    if not turn.video:
+        raise OpenAIError(400, "the data: URL holds no bytes", param=param)
 
 
 def _text_of(message: Message, index: int) -> str:
@@ -202,9 +235,12 @@ def _text_of(message: Message, index: int) -> str:
 def user_turn(messages: list[Message]) -> UserTurn:
     """The last message (a user's), with its media decoded.
 
+    A video part's data: URL is decoded here; another URL is left for the server to read
+    (`video_url`, media_urls.py).
+
     Raises:
-        OpenAIError: the last message is not a user's, or has two images or
-            two audio parts, or media is not inline base64.
+        OpenAIError: the last message is not a user's, or has two images, two audio
+            parts or two videos, or an image or audio is not inline base64.
     """
     index = len(messages) - 1
     last = messages[index]
@@ -223,6 +259,10 @@ def user_turn(messages: list[Message]) -> UserTurn:
             if turn.image is not None:
                 raise OpenAIError(400, "at most one image per message", param=param)
             turn.image = _data_url(part.image_url.url, f"{param}.image_url.url")
+        elif isinstance(part, VideoPart):
+            if turn.video is not None or turn.video_url is not None:
+                raise OpenAIError(400, "at most one video per message", param=param)
+            _video(turn, part.video_url.url, f"{param}.video_url.url")
         else:
             if turn.audio is not None:
                 raise OpenAIError(400, "at most one audio part per message", param=param)

@@ -228,6 +228,17 @@ def test_audio_speech_formats_and_streaming(client, omni_chat_server):
         "url": "data:image/png;base64," + base64.b64encode(b"not a png").decode()}})},
      400, None, "image_encoder"),
     ({"model": "text_to_image"}, 400, "model", "is a image model"),
+    # vLLM's video_url part: data: URLs always; remote and local files only when allowed
+    ({"messages": _user("x", {"type": "video_url", "video_url": {"url": "http://x/y.mp4"}})},
+     400, "messages.0.content.1.video_url.url", "--allow-remote-media"),
+    ({"messages": _user("x", {"type": "video_url", "video_url": {"url": "file:///etc/passwd"}})},
+     400, "messages.0.content.1.video_url.url", "--allowed-local-media-path"),
+    ({"messages": _user("x", {"type": "video_url", "video_url": {
+        "url": "data:video/mp4;base64,@@"}})},
+     400, "messages.0.content.1.video_url.url", "invalid base64"),
+    ({"messages": _user("x", {"type": "video_url", "video_url": {
+        "url": "data:video/mp4;base64," + base64.b64encode(b"not a video").decode()}})},
+     400, None, "video: "),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(client, kwargs, status, param,
                                                                message):

@@ -18,10 +18,11 @@ positions (the output of layer accept_hidden_layer, before its deepstack additio
 last layer's, or one with deepstack, gives the talker another prompt and other codes.
 
 The same through omni-openai (one process in front of the server, the official `openai`
-client): speech in an OpenAI voice, an image part, the model list, the Thinking model's
-refusal of audio. Across turns: a conversation whose turns carry the earlier ones in
-`history` gets transformers' reply to the whole chat each turn, and the thinker's prefix
-cache (KV blocks of BLOCK_SIZE tokens) finds the conversation so far.
+client): speech in an OpenAI voice, an image part, a video part (data: and file:// URLs),
+the model list, the Thinking model's refusal of audio. Across turns: a conversation whose
+turns carry the earlier ones in `history` gets transformers' reply to the whole chat each
+turn, and the thinker's prefix cache (KV blocks of BLOCK_SIZE tokens) finds the
+conversation so far.
 """
 from __future__ import annotations
 
@@ -378,10 +379,18 @@ def test_cancelling_mid_speech_leaves_every_engine_idle(server, url):
 
 
 @pytest.fixture(scope="module")
-def openai_client(server, tmp_path_factory):
+def media_dir(tmp_path_factory):
+    """The folder omni-openai reads file:// media URLs from (--allowed-local-media-path)."""
+    return tmp_path_factory.mktemp("qwen3-omni-media")
+
+
+@pytest.fixture(scope="module")
+def openai_client(server, media_dir, tmp_path_factory):
     """The official `openai` client on omni-openai in front of the module's server."""
     log = tmp_path_factory.mktemp("qwen3-omni-openai") / "omni-openai.log"
-    with OpenAIFrontend(server.grpc_url, log_path=log) as frontend, openai.OpenAI(
+    with OpenAIFrontend(server.grpc_url, log_path=log,
+                        extra_args=["--allowed-local-media-path", str(media_dir)]) as frontend, \
+            openai.OpenAI(
             base_url=f"{frontend.base_url}/v1", api_key="unused", max_retries=0,
             timeout=180) as client:
         yield client
@@ -447,6 +456,38 @@ def test_openai_image_part_gets_the_reply_of_transformers(openai_client, folder)
                        {"type": "text", "text": QUESTION}))
     assert reply.choices[0].message.content == _text(folder, want)
     assert reply.usage.completion_tokens == len(want)
+
+
+def test_openai_video_url_gets_the_reply_of_transformers_and_the_omni_models_speech(
+        openai_client, url, folder, media_dir):
+    """A `video_url` part (vLLM's) as a data: URL, with speech in an OpenAI voice (nova:
+    chelsie): the transcript is transformers' reply, the WAV the omni model's own speech
+    for the same request within one PCM16 step. The same clip as a file:// URL inside the
+    allowed folder gets the same reply."""
+    data = clip(fps=10, frames=25, size=(64, 64))
+    want = _text(folder, _video_reference(folder, data)[0])
+    omni = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, modalities=["text", "audio"],
+                    sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="chelsie",
+                    video=data)
+    assert omni.error is None, omni.error
+    part = {"type": "video_url",
+            "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(data).decode()}}
+    reply = openai_client.chat.completions.create(
+        model=OMNI_MODEL, messages=_user(part, {"type": "text", "text": VIDEO_QUESTION}),
+        modalities=["text", "audio"], audio={"voice": "nova", "format": "wav"}, temperature=0,
+        seed=SEED, max_tokens=GREEDY["max_tokens"],
+        extra_body={"talker_sampling_parameters": GREEDY_TALKER})
+    audio = reply.choices[0].message.audio
+    assert audio.transcript == omni.text == want
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)), dtype="float32")
+    assert rate == 24000 and samples.shape == omni.audio.shape and samples.size > 0
+    assert np.abs(samples - np.clip(omni.audio, -1, 1)).max() <= STEP + 1e-4
+    (media_dir / "clip.mp4").write_bytes(data)
+    local = {"type": "video_url", "video_url": {"url": (media_dir / "clip.mp4").as_uri()}}
+    text = openai_client.chat.completions.create(
+        model=OMNI_MODEL, messages=_user(local, {"type": "text", "text": VIDEO_QUESTION}),
+        temperature=0, seed=SEED, max_tokens=GREEDY["max_tokens"])
+    assert text.choices[0].message.content == want
 
 
 def test_openai_audio_from_the_thinking_model_is_a_400_naming_why(openai_client):

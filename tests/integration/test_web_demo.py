@@ -289,6 +289,28 @@ def test_errors_from_the_server_are_shown(page, tmp_path):
     assert _text(page, "reply") is None  # no empty assistant bubble is left behind
 
 
+def test_a_video_goes_as_a_data_url_and_a_refusal_is_shown(page, tmp_path):
+    """An uploaded clip is sent as a video_url part (a data: URL of the file); this one is
+    no video, so the server refuses it naming `video`, and the page shows that."""
+    clip_path = tmp_path / "clip.mp4"
+    clip_path.write_bytes(np.random.default_rng(0).bytes(3000))
+    _select(page, "model", "omni")
+    _by_id(page, "video-file").send_keys(str(clip_path))
+    assert "video: clip.mp4" in _text(page, "attachments")
+    _by_id(page, "prompt").send_keys("what happens?")
+    _by_id(page, "send").click()
+    _wait_finished(page, timeout=60)
+
+    [sent] = _sent(page, "/v1/chat/completions")
+    parts = {p["type"]: p for p in sent["messages"][-1]["content"]}
+    assert parts["video_url"]["video_url"]["url"] == (
+        "data:video/mp4;base64," + base64.b64encode(clip_path.read_bytes()).decode())
+    assert _text(page, "status") == "error"
+    assert "video" in _text(page, "error") and _by_id(page, "error").is_displayed()
+    assert _text(page, "reply") is None
+    assert _by_id(page, "video-file").get_attribute("value") == ""  # the composer is cleared
+
+
 def test_the_demo_is_served_by_omni_openai(openai_frontend):
     index = requests.get(f"{openai_frontend}/", timeout=10)
     assert index.status_code == 200 and 'id="send"' in index.text

@@ -16,6 +16,8 @@
     imageModel: $("image-model"), empty: $("empty"),
   };
 
+  el.videoFile = $("video-file");
+
   // The conversation as OpenAI messages (the assistant's turns as text).
   const history = [];
   let busy = false;
@@ -114,7 +116,7 @@
     node.id = id;
   }
 
-  function renderUser(text, image, audio) {
+  function renderUser(text, image, audio, video) {
     const { wrap, body } = addMessage("user");
     if (text) {
       const p = document.createElement("div");
@@ -139,6 +141,18 @@
       name.textContent = `♪ ${audio.name}`;
       body.append(a, name);
     }
+    if (video) {
+      const v = document.createElement("video");
+      v.className = "thumb";
+      v.controls = true;
+      v.muted = true;
+      v.preload = "metadata";
+      v.src = URL.createObjectURL(video.blob);
+      const name = document.createElement("div");
+      name.className = "attachment-name";
+      name.textContent = `▶ ${video.name}`;
+      body.append(v, name);
+    }
     scrollDown();
     return wrap;
   }
@@ -155,6 +169,11 @@
     return f || null;
   }
 
+  function currentVideo() {
+    const f = el.videoFile.files && el.videoFile.files[0];
+    return f || null;
+  }
+
   function renderAttachments() {
     el.attachments.textContent = "";
     const items = [];
@@ -163,6 +182,8 @@
     const aud = currentAudio();
     if (aud) items.push(["audio", aud.name, () => { el.audioFile.value = ""; }]);
     if (recorded) items.push(["recording", recorded.name, () => { recorded = null; }]);
+    const vid = currentVideo();
+    if (vid) items.push(["video", vid.name, () => { el.videoFile.value = ""; }]);
     for (const [kind, name, drop] of items) {
       const chip = document.createElement("span");
       chip.className = `chip ${kind}`;
@@ -179,6 +200,7 @@
   }
 
   el.imageFile.addEventListener("change", renderAttachments);
+  el.videoFile.addEventListener("change", renderAttachments);
   el.audioFile.addEventListener("change", () => { recorded = null; renderAttachments(); });
 
   // --- streamed speech: schedule PCM16 chunks back to back, keep them for a WAV ------
@@ -291,8 +313,9 @@
     const text = el.prompt.value.trim();
     const imgFile = currentImage();
     const audFile = currentAudio();
-    if (!text && !imgFile && !audFile && !recorded) {
-      showError("Type a message or attach an image or a sound first.");
+    const vidFile = currentVideo();
+    if (!text && !imgFile && !audFile && !recorded && !vidFile) {
+      showError("Type a message or attach an image, a sound or a video first.");
       return;
     }
     if (!el.model.value) {
@@ -304,7 +327,10 @@
 
     let image = null;
     let audio = null;
+    let video = null;
     try {
+      // a clip goes inline, as a data: URL (the server reads no files or remote URLs by default)
+      if (vidFile) video = { dataUrl: await readAsDataURL(vidFile), blob: vidFile, name: vidFile.name };
       if (imgFile) image = { dataUrl: await readAsDataURL(imgFile), name: imgFile.name };
       if (audFile) {
         audio = { dataUrl: await readAsDataURL(audFile), blob: audFile, name: audFile.name,
@@ -321,12 +347,13 @@
     const parts = [];
     if (text) parts.push({ type: "text", text });
     if (image) parts.push({ type: "image_url", image_url: { url: image.dataUrl } });
+    if (video) parts.push({ type: "video_url", video_url: { url: video.dataUrl } });
     if (audio) {
       parts.push({ type: "input_audio",
         input_audio: { data: audio.dataUrl.slice(audio.dataUrl.indexOf(",") + 1), format: audio.format } });
     }
     const userMsg = { role: "user", content: parts.length === 1 && parts[0].type === "text" ? text : parts };
-    renderUser(text, image, audio);
+    renderUser(text, image, audio, video);
 
     const speak = el.speak.checked;
     const request = {
@@ -359,6 +386,7 @@
     el.prompt.value = "";
     el.imageFile.value = "";
     el.audioFile.value = "";
+    el.videoFile.value = "";
     recorded = null;
     renderAttachments();
 
