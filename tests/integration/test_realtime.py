@@ -8,8 +8,12 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -441,3 +445,20 @@ def test_speech_during_an_answer_interrupts_it(openai_frontend, omni_chat_server
     idle = wait_idle(omni_chat_server, *STAGES, timeout=60)
     assert not any(idle.values()), idle
     assert _talker_tokens(omni_chat_server) - before < LONG / 2
+
+
+# --- the docs ------------------------------------------------------------------------------
+
+def test_the_docs_example_runs(openai_frontend, tmp_path):
+    """docs/openai-api.md's realtime example, as a user runs it, against this frontend."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "openai-api.md").read_text()
+    section = doc[doc.index("## Realtime"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    script = tmp_path / "realtime_example.py"
+    script.write_text(code.replace("http://127.0.0.1:9000", openai_frontend))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    status, seconds = re.search(r"\n (\w+) .*\n([\d.]+) s of speech", out.stdout).groups()
+    # unseeded sampling may end before max_output_tokens
+    assert status in ("completed", "incomplete") and float(seconds) > 0
