@@ -347,3 +347,17 @@ def test_output_audio_at_another_rate_goes_out_at_24khz():
         assert len(base64.b64decode(delta["delta"])) == 2400 * 2
         assert out[-1]["response"]["usage"] is None
     asyncio.run(run())
+
+
+def test_an_unexpected_failure_still_ends_the_response():
+    async def run():
+        h = Harness([TextDelta("Hel"), RuntimeError("a bug")])
+        await h.send(**user_text("hi"))
+        out = await h.respond()
+        assert [e["error"]["type"] for e in out if e["type"] == "error"] == ["server_error"]
+        assert out[-1]["response"]["status"] == "failed"
+        assert out[-1]["response"]["output"][0]["content"][0]["transcript"] == "Hel"
+        await h.send(**user_text("again"))  # the session goes on
+        h.pipeline.script = REPLY
+        assert (await h.respond())[-1]["response"]["status"] == "completed"
+    asyncio.run(run())

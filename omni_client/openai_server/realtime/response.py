@@ -93,16 +93,22 @@ class ResponseRun:
             self._close("cancelled", usage, {"type": "cancelled", "reason": self.cancel_reason})
             return
         except OmniClientError as exc:
-            _, type_ = status_of(exc)
             log.info("realtime response %s failed: %s", self.id, exc.message)
-            self._emit(ev.event("error", error={"type": type_, "code": None, "message": exc.message,
-                                                "param": None, "event_id": None}))
-            self._close("failed", usage, {"type": "failed", "error": {
-                "type": type_, "code": None, "message": exc.message}})
+            self._fail(status_of(exc)[1], exc.message, usage)
+            return
+        except Exception:  # a bug here must still end the response for the client
+            log.exception("realtime response %s failed", self.id)
+            self._fail("server_error", "the server failed while answering", usage)
             return
         details = {"type": "incomplete", "reason": "max_output_tokens"} \
             if status == "incomplete" else None
         self._close(status, usage, details)
+
+    def _fail(self, type_: str, message: str, usage: Usage | None) -> None:
+        self._emit(ev.event("error", error={"type": type_, "code": None, "message": message,
+                                            "param": None, "event_id": None}))
+        self._close("failed", usage, {"type": "failed", "error": {
+            "type": type_, "code": None, "message": message}})
 
     def _open(self) -> None:
         self._emit(ev.response_created(self.openai("in_progress", None, None)))
