@@ -42,3 +42,19 @@ def clip(*, fps: int = 10, frames: int = 25, size: tuple[int, int] = (64, 64),
     out.close()
     with folder:
         return path.read_bytes()
+
+
+def clip_frames(processor, data: bytes, *, fps: float) -> np.ndarray:
+    """transformers' own frames of the video file `data`: its pyav loading, sampled by the
+    checkpoint processor's video processor at `fps` (torchcodec, transformers' default
+    reader, is not installed here)."""
+    import functools
+
+    from transformers.video_utils import load_video
+
+    sample = functools.partial(processor.video_processor.sample_frames, fps=fps)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "clip.mp4").write_bytes(data)
+        frames, _ = load_video(str(Path(tmp) / "clip.mp4"), backend="pyav",
+                               sample_indices_fn=sample)
+    return np.asarray(frames)

@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.prompt import ChatPrompt
+from tests.video_clip import clip, clip_frames
 
 from .llm_io import cancel_limit, metric, wait_idle
 from .omni_io import (
@@ -93,16 +94,19 @@ def reference(omni_chat_server):
 
 
 def _reference_ids(ref, user_text: str, image: bytes | None = None,
-                   audio: np.ndarray | None = None, max_tokens: int = GREEDY["max_tokens"]) -> list[int]:
+                   audio: np.ndarray | None = None, max_tokens: int = GREEDY["max_tokens"],
+                   video: bytes | None = None) -> list[int]:
     parts = ([{"type": "audio"}] if audio is not None else []) + (
-        [{"type": "image"}] if image is not None else [])
+        [{"type": "image"}] if image is not None else []) + (
+        [{"type": "video"}] if video is not None else [])
     messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]},
                 {"role": "user", "content": [*parts, {"type": "text", "text": user_text}]}]
     processor = ref["processor"]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=prompt, return_tensors="pt",
                        images=[Image.open(io.BytesIO(image)).convert("RGB")] if image else None,
-                       audio=[audio] if audio is not None else None)
+                       audio=[audio] if audio is not None else None,
+                       videos=[clip_frames(processor, video, fps=2.0)] if video else None)
     with torch.no_grad():
         out = ref["thinker"].generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
@@ -114,6 +118,10 @@ CASES = {
     "text + resized image": {"image": png(300, 200, seed=2)},  # the processor resizes it
     "text + audio": {"audio": tone(1.0, freq=330.0)},
     "text + image + audio": {"image": png(300, 200, seed=2), "audio": tone(1.5, freq=220.0)},
+    # 2.5 s at 10 fps, 64x64: 4 frames at 2 a second, resized to 112x112, 2 x 4 x 4 tokens
+    "text + video": {"video": clip(fps=10, frames=25, size=(64, 64))},
+    # the video's rows come from the thinker's tower, the image's from the encoder stage
+    "text + image + video": {"image": png(100, 80), "video": clip(fps=10, frames=25, size=(96, 64))},
 }
 
 
@@ -121,9 +129,11 @@ CASES = {
 def test_the_reply_equals_qwen25_omni_in_transformers(url, reference, case):
     media = CASES[case]
     question = "what do you see and hear?"
-    want = _reference_ids(reference, question, media.get("image"), media.get("audio"))
+    want = _reference_ids(reference, question, media.get("image"), media.get("audio"),
+                          video=media.get("video"))
     result = run_omni(url, text=question, sampling=GREEDY, image=media.get("image"),
-                      audio=wav(media["audio"]) if "audio" in media else None)
+                      audio=wav(media["audio"]) if "audio" in media else None,
+                      video=media.get("video"))
     assert result.error is None, result.error
     tokens = reference["processor"].tokenizer.decode(want, skip_special_tokens=True)
     assert result.text == tokens
@@ -174,6 +184,7 @@ def test_concurrent_media_requests_answer_as_each_alone(url, concurrency):
 
     requests = [dict(text=f"question {i}?", image=png(120 + 40 * i, 90, seed=i),
                      audio=wav(tone(0.5 + 0.25 * i, freq=200.0 + 50 * i)) if i % 2 else None,
+                     video=clip(frames=15 + 5 * i) if i % 2 == 0 else None,
                      sampling=GREEDY) for i in range(concurrency)]
     alone = [run_omni(url, **r).text for r in requests]
     with ThreadPoolExecutor(concurrency) as pool:

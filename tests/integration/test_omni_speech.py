@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from omni_serve.orchestrator.config import OrchestratorConfig
+from tests.video_clip import clip, clip_frames
 
 from .omni_io import error_code, png, run_omni, tone, wav
 from .servers import loaded
@@ -100,21 +101,25 @@ def reference(omni_chat_server):
 
 
 def _reference(ref, text: str, voice: str, image: bytes | None = None,
-               audio: np.ndarray | None = None) -> tuple[str, list[list[int]], np.ndarray]:
+               audio: np.ndarray | None = None, video: bytes | None = None
+               ) -> tuple[str, list[list[int]], np.ndarray]:
     """(reply text, codec ids as [frames][1], waveform) of transformers' generate(return_audio=True)."""
     model, processor = ref["model"], ref["processor"]
     if audio is not None:  # what the server gets: the samples of the WAV file it is sent
         audio, _ = sf.read(io.BytesIO(wav(audio)), dtype="float32")
     parts = ([{"type": "audio"}] if audio is not None else []) + (
-        [{"type": "image"}] if image is not None else [])
+        [{"type": "image"}] if image is not None else []) + (
+        [{"type": "video"}] if video is not None else [])
     messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]},
                 {"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=prompt, return_tensors="pt",
                        images=[Image.open(io.BytesIO(image)).convert("RGB")] if image else None,
-                       audio=[audio] if audio is not None else None)
-    if "pixel_values" in inputs:  # generate would hand them to the talker too, which refuses them
-        inputs["thinker_pixel_values"] = inputs.pop("pixel_values")
+                       audio=[audio] if audio is not None else None,
+                       videos=[clip_frames(processor, video, fps=2.0)] if video else None)
+    for pixels in ("pixel_values", "pixel_values_videos"):
+        if pixels in inputs:  # generate would hand them to the talker too, which refuses them
+            inputs[f"thinker_{pixels}"] = inputs.pop(pixels)
     cfg = model.config.talker_config
     stops = [cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id]
     torch.manual_seed(SEED)
@@ -131,10 +136,11 @@ def _reference(ref, text: str, voice: str, image: bytes | None = None,
 
 
 def _served(url: str, text: str, voice: str, *, stream_audio: bool, image=None, audio=None,
-            model: str = "omni"):
+            video=None, model: str = "omni"):
     return run_omni(url, model, text=text, modalities=["text", "audio"], sampling=THINKER, seed=SEED,
                     voice=voice, talker_sampling=TALKER, stream_audio=stream_audio,
-                    return_codec_ids=True, image=image, audio=wav(audio) if audio is not None else None)
+                    return_codec_ids=True, image=image, audio=wav(audio) if audio is not None else None,
+                    video=video)
 
 
 def _snr_db(reference: np.ndarray, test: np.ndarray) -> float:
@@ -169,6 +175,25 @@ def test_speech_equals_qwen25_omni_in_transformers(url, seams, reference, case, 
     assert streamed.codec_ids == want_codes
     assert streamed.audio.shape == want_wave.shape
     assert _snr_db(want_wave, streamed.audio) > STREAMED_SNR_DB
+
+
+@pytest.mark.parametrize("media", [
+    {"video": clip(fps=10, frames=25, size=(64, 64))},
+    # beside a video the image goes raw to the thinker too: its grid comes from the processor
+    {"image": png(100, 80), "video": clip(fps=10, frames=15, size=(96, 64))},
+], ids=["video", "image + video"])
+def test_speech_about_a_video_equals_qwen25_omni_in_transformers(url, reference, media):
+    """The talker's positions follow the clip's grid at 1 s a temporal step (2 frames at 2 a
+    second): its codes and waveform are transformers'."""
+    question = "tell me what happens"
+    want_text, want_codes, want_wave = _reference(reference, question, "Chelsie", **media)
+    assert want_codes, "the reference talker produced no codes"
+    whole = _served(url, question, "Chelsie", stream_audio=False, **media)
+    assert whole.error is None, whole.error
+    assert whole.text == want_text
+    assert whole.codec_ids == want_codes
+    assert whole.audio.shape == want_wave.shape
+    assert np.abs(whole.audio - want_wave).max() < 1e-4
 
 
 def test_the_voices_sound_different(url):

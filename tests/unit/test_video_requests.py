@@ -117,9 +117,21 @@ def test_bad_video_requests_name_video(extra, message):
 
 
 def test_a_family_whose_thinker_takes_no_raw_video_refuses_it():
-    with pytest.raises(RequestError) as err:
-        parse_request("r", tensors(video=b"clip"), config())  # Qwen2.5-Omni, encoder stages
-    assert err.value.field == "video" and "(qwen2_5_omni) takes no video yet" in err.value.message
+    import dataclasses
+
+    families.register(dataclasses.replace(families.get("qwen2_5_omni"), name="no_video",
+                                          model_types=("no_video",), raw_media=(), video=None))
+    try:
+        with pytest.raises(RequestError) as err:
+            parse_request("r", tensors(video=b"clip"), config(family="no_video"))
+    finally:
+        families.unregister("no_video")
+    assert err.value.field == "video" and "(no_video) takes no video" in err.value.message
+
+
+def test_qwen25_omni_takes_a_video_raw_beside_its_encoded_image():
+    req = parse_request("r", tensors(video=b"clip"), config())  # Qwen2.5-Omni, encoder stages
+    assert req.video == b"clip"
 
 
 # --- the llm stage -------------------------------------------------------------------------

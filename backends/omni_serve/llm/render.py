@@ -53,12 +53,13 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
         return await render_prompt(engine, {"prompt_token_ids": req.prompt_token_ids})
     if req.messages is not None:
         return await render_chat(engine, req.messages)
+    data: dict[str, Any] = {}
+    if req.media is not None:  # what encoder stages computed (embeddings, features)
+        data = multi_modal_data(req.media, req.prompt, media_shapes, stage)
     if req.images or req.audios or req.videos:  # raw media: the model's own processor takes them
-        data = await raw_media_data(req, stage, audio_rate, video_sampling)
-        return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
-    if req.media is None:
+        data |= await raw_media_data(req, stage, audio_rate, video_sampling)
+    if not data:
         return await render_prompt(engine, {"prompt": req.prompt})
-    data = multi_modal_data(req.media, req.prompt, media_shapes, stage)
     return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
 
 

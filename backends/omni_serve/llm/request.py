@@ -183,10 +183,16 @@ def parse_request(
     images = None if embed is not None else _images(tensors.get(LLM.IMAGE))
     audios = None if embed is not None else _files(LLM.AUDIO, tensors.get(LLM.AUDIO), "a sound")
     videos = None if embed is not None else _files(LLM.VIDEO, tensors.get(LLM.VIDEO), "a video")
-    for name, raw in ((LLM.IMAGE, images), (LLM.AUDIO, audios), (LLM.VIDEO, videos)):
-        if raw and (prompt is None or media is not None):
-            raise RequestError(name, f"needs a {LLM.TEXT_INPUT} and no "
-                                     f"{LLM.IMAGE_EMBEDS} / {LLM.AUDIO_FEATURES}")
+    # a modality comes either raw or precomputed (a video only raw: beside an encoder
+    # stage's image rows, its frames go through the thinker's own tower)
+    embeds, features = (None, None) if media is None else (media.image_embeds, media.audio_features)
+    for name, raw, computed in ((LLM.IMAGE, images, embeds), (LLM.AUDIO, audios, features),
+                                (LLM.VIDEO, videos, None)):
+        if raw and prompt is None:
+            raise RequestError(name, f"needs a {LLM.TEXT_INPUT}")
+        if raw and computed is not None:
+            other = LLM.IMAGE_EMBEDS if name == LLM.IMAGE else LLM.AUDIO_FEATURES
+            raise RequestError(name, f"send either it or {other}, not both")
 
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}

@@ -204,18 +204,22 @@ class OmniPipeline:
         bytes (a video's header is checked here first, so a bad clip fails before any
         stage). Its talker's positions need the media's shapes, which the family's
         `raw_media_shapes` reads from the same file (in a thread: the checkpoint's processor
-        runs there).
+        runs there). vLLM's processor cannot take one prompt's media partly precomputed
+        and partly raw: beside a raw one (a video), every medium of a request goes raw.
         """
         jobs, roles, shape_jobs = [], [], []
         media: dict[str, np.ndarray] = {}
         kinds: list[Media] = []
+        sent = {"audio": req.audio, "image": req.image, "video": req.video}
+        all_raw = any(data is not None and kind in self.cfg.raw_media
+                      for kind, data in sent.items())
         for role, kind, data, outputs in (
                 ("audio_encoder", "audio", req.audio, [ENCODER.FEATURES]),
                 ("image_encoder", "image", req.image, [ENCODER.EMBEDDINGS, ENCODER.GRID_THW])):
             if data is None:
                 continue
             kinds.append(kind)  # the prompt's placeholders: audio, then image
-            if kind in self.cfg.raw_media:
+            if all_raw:
                 raw = base64.b64encode(data) if kind == "image" else data
                 media[LLM.IMAGE if kind == "image" else LLM.AUDIO] = np.array([raw],
                                                                               dtype=np.object_)

@@ -89,7 +89,7 @@ def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorCo
         raise RequestError(name, f"is {len(data)} bytes; at most {cfg.max_media_bytes} are allowed")
     if role is None and name not in cfg.raw_media:  # else its thinker takes the file
         if name == OMNI.VIDEO:
-            raise RequestError(name, f"this pipeline's thinker ({cfg.family}) takes no video yet")
+            raise RequestError(name, f"this pipeline's thinker ({cfg.family}) takes no video")
         raise RequestError(name, f"this pipeline has no {name} encoder stage")
     return data
 

@@ -68,4 +68,8 @@ FAMILY = Family(
     decoder=f"{__name__}.token2wav:Token2Wav",
     decoder_context=f"{__name__}.token2wav_context:chunk_context",
     video=VIDEO_SAMPLING,
+    # a clip's frames go to the thinker as they are: vLLM's own video processor and the
+    # thinker's vision tower run there (the encoder stage encodes images only)
+    raw_media=("video",),
+    raw_media_shapes="omni_serve.families.processor_media_shapes:load",
 )

@@ -86,14 +86,16 @@ class _RopeIndex:
         self._index = base.get_rope_index.__get__(self)
         self.get_llm_pos_ids_for_vision = base.get_llm_pos_ids_for_vision.__get__(self)
 
-    def __call__(self, ids: list[int], grid: np.ndarray | None, audio: np.ndarray | None):
+    def __call__(self, ids: list[int], grid: np.ndarray | None, audio: np.ndarray | None,
+                 video: np.ndarray | None = None, seconds: np.ndarray | None = None):
         import torch
 
+        def tensor(a: np.ndarray | None):
+            return None if a is None else torch.from_numpy(a)
+
         input_ids = torch.tensor([ids])
-        pos, delta = self._index(
-            input_ids, None if grid is None else torch.from_numpy(grid), None,
-            torch.ones_like(input_ids), False,
-            None if audio is None else torch.from_numpy(audio), None)
+        pos, delta = self._index(input_ids, tensor(grid), tensor(video), torch.ones_like(input_ids),
+                                 False, tensor(audio), tensor(seconds))
         return pos[:, 0].numpy().astype(np.int64), int(delta.reshape(-1)[0])
 
 
@@ -173,9 +175,6 @@ class TalkerPrompter:
         import torch
 
         voice = self.voice(req.voice)
-        if req.video_grid_thw is not None:  # its positions would need the video's grid
-            raise RequestError(TALKER.VIDEO_GRID_THW, "this talker (Qwen2.5-Omni) speaks about "
-                                                      "no video yet: ask for text only")
         if not talker_engine.valid_source(req.source):
             raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                "must be a hidden-state file a thinker stage on this host handed "
@@ -190,7 +189,8 @@ class TalkerPrompter:
         prefill[-2] += self._codec_pad
         prefill[-1] += self._codec_bos
         positions, delta = self._rope([*req.prompt_token_ids, self.voice_tokens[voice], 0],
-                                      req.image_grid_thw, req.audio_feature_lengths)
+                                      req.image_grid_thw, req.audio_feature_lengths,
+                                      req.video_grid_thw, req.video_second_per_grid)
         cfg = self.config
         prompt = {
             "prompt_embeds": torch.from_numpy(prefill),

@@ -59,7 +59,7 @@ FAMILY = Family(
     # 12 frames = 0.96 s: the smallest first chunk the second chunk followed in time at
     # concurrency 1 and 4 on the tiny checkpoint (omni-bench first-chunk; docs/omni-chat.md)
     speech_chunks={"first_chunk_codes": 12},
-    raw_media_shapes=f"{__name__}.media_shapes:load",
+    raw_media_shapes="omni_serve.families.processor_media_shapes:load",
     speech=Qwen3OmniSpeech(),
     vllm_models={
         # the thinker stage's engine: vLLM's thinker, keeping accept_hidden_layer's output

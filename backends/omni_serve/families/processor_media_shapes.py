@@ -1,12 +1,12 @@
-"""The shapes of the media Qwen3-Omni's thinker takes raw, for its talker's positions.
+"""The shapes of the media a thinker takes raw, for its talker's positions.
 
-Runs in the orchestrator's stub. The thinker's own vLLM processor turns a raw image or sound
-file into its tokens; the talker's M-RoPE positions need the same shapes (an image's patch
-grid `image_grid_thw`, a clip's mel frames `audio_feature_lengths`), which the thinker does
-not return. They come from the checkpoint's own processor (Qwen3OmniMoeProcessor, the one
-vLLM runs) on the same decoded media, so they are the thinker's by construction. The media
-are decoded within the encoder stage's limits (omni_serve.encoder.media), as the thinker
-decodes them.
+Runs in the orchestrator's stub. A thinker's own vLLM processor turns a raw image or sound
+file into its tokens (Qwen3-Omni's always, Qwen2.5-Omni's beside a video); the talker's
+M-RoPE positions need the same shapes (an image's patch grid `image_grid_thw`, a clip's
+mel frames `audio_feature_lengths`), which the thinker does not return. They come from the
+checkpoint's own processor (Qwen3OmniMoeProcessor, Qwen2_5OmniProcessor: the one vLLM runs)
+on the same decoded media, so they are the thinker's by construction. The media are decoded
+within the encoder stage's limits (omni_serve.encoder.media), as the thinker decodes them.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from omni_serve.encoder import media as media_files
 from omni_serve.encoder.config import MediaLimits
 
 
-class Qwen3OmniMediaShapes:
+class ProcessorMediaShapes:
     def __init__(self, folder: str):
         from transformers import AutoProcessor
 
@@ -42,5 +42,5 @@ class Qwen3OmniMediaShapes:
         return {LLM.AUDIO_FEATURE_LENGTHS: np.asarray(mask, dtype=np.int64).sum(-1).reshape(1)}
 
 
-def load(folder: str) -> Qwen3OmniMediaShapes:
-    return Qwen3OmniMediaShapes(folder)
+def load(folder: str) -> ProcessorMediaShapes:
+    return ProcessorMediaShapes(folder)
