@@ -22,6 +22,9 @@ import requests
 import soundfile as sf
 from PIL import Image, ImageDraw
 
+from omni_client.openai_server.realtime.vad import ServerVad
+from tests.speech_clip import sound_spans, turns
+
 from .omni_io import tone, wav
 
 pytestmark = pytest.mark.integration
@@ -54,8 +57,8 @@ fetch(arguments[0]).then((r) => r.arrayBuffer()).then((buf) => {
 """
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def _chromium(tmp_path_factory, *extra_flags: str):
+    """Debian's chromium, headless, under chromedriver, its viewport at WINDOW."""
     if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
         pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} missing (Debian's chromium and chromium-driver; "
                     "tools/setup.sh installs them)")
@@ -69,7 +72,7 @@ def browser(tmp_path_factory):
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
-                 f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}"):
+                 f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}", *extra_flags):
         options.add_argument(flag)
     log = tmp_path_factory.mktemp("chromedriver") / "chromedriver.log"
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER), log_output=str(log)),
@@ -80,6 +83,16 @@ def browser(tmp_path_factory):
                                {"width": WINDOW[0], "height": WINDOW[1], "deviceScaleFactor": 1,
                                 "mobile": False})
         driver.set_script_timeout(60)
+    except Exception:
+        driver.quit()
+        raise
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = _chromium(tmp_path_factory)
+    try:
         yield driver
     finally:
         driver.quit()
@@ -316,3 +329,234 @@ def test_the_demo_is_served_by_omni_openai(openai_frontend):
     assert index.status_code == 200 and 'id="send"' in index.text
     for asset in ("app.js", "style.css"):
         assert requests.get(f"{openai_frontend}/static/{asset}", timeout=10).status_code == 200
+
+
+# --- voice mode (/v1/realtime) ------------------------------------------------------------
+
+VOICE_WORDS = "Hello there, how are you today?"
+
+# Records the page's realtime socket (every message each way), every buffer of sound it
+# schedules for playback (samples, start time) and the audio clock whenever it stops one.
+# With window.__wsHost set, the socket goes to that host:port instead.
+_RECORD_VOICE = """
+window.__ws = {url: null, sent: [], received: []};
+window.__played = [];
+window.__stoppedAt = [];
+const NativeWebSocket = window.WebSocket;
+function RecordedWebSocket(url, protocols) {
+  window.__ws.url = String(url);
+  if (window.__wsHost) url = String(url).replace(/\\/\\/[^/]+/, "//" + window.__wsHost);
+  const ws = protocols === undefined ? new NativeWebSocket(url) : new NativeWebSocket(url, protocols);
+  const send = ws.send.bind(ws);
+  ws.send = (data) => { window.__ws.sent.push(data); send(data); };
+  ws.addEventListener("message", (ev) => window.__ws.received.push(ev.data));
+  return ws;
+}
+RecordedWebSocket.prototype = NativeWebSocket.prototype;
+for (const k of ["CONNECTING", "OPEN", "CLOSING", "CLOSED"]) RecordedWebSocket[k] = NativeWebSocket[k];
+window.WebSocket = RecordedWebSocket;
+const start = AudioBufferSourceNode.prototype.start;
+AudioBufferSourceNode.prototype.start = function () {
+  const ch = this.buffer.getChannelData(0);
+  window.__played.push({pcm: Array.from(ch, (x) => Math.round(x * 32768)), when: arguments[0] || 0,
+                        seconds: this.buffer.duration});
+  return start.apply(this, arguments);
+};
+const stop = AudioBufferSourceNode.prototype.stop;
+AudioBufferSourceNode.prototype.stop = function () {
+  window.__stoppedAt.push(this.context.currentTime);
+  return stop.apply(this, arguments);
+};
+"""
+
+
+@pytest.fixture(scope="module")
+def voice_browser(tmp_path_factory):
+    """Chromium whose microphone is a WAV of spoken words (espeak-ng), played once."""
+    clip = turns([VOICE_WORDS], lead_ms=1000, tail_ms=4000, rate=48000)
+    path = tmp_path_factory.mktemp("fake-microphone") / "words.wav"
+    path.write_bytes(clip.wav())
+    driver = _chromium(tmp_path_factory, "--use-fake-ui-for-media-stream",
+                       "--use-fake-device-for-media-stream",
+                       f"--use-file-for-fake-audio-capture={path}%noloop")
+    try:
+        yield driver, clip
+    finally:
+        driver.quit()
+
+
+def _open_voice_page(driver, base_url: str, ws_host: str | None = None) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{base_url}/")
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.getElementById('model').dataset.loaded") == "true")
+    driver.execute_script(_RECORD_VOICE)
+    if ws_host:
+        driver.execute_script("window.__wsHost = arguments[0]", ws_host)
+
+
+def _events(driver, key: str) -> list[dict]:
+    return [json.loads(m) for m in driver.execute_script(f"return window.__ws.{key}")]
+
+
+def _played(driver) -> list[dict]:
+    return driver.execute_script("return window.__played")
+
+
+def _wait_for_event(driver, kind: str, count: int = 1, timeout: float = STREAM_TIMEOUT_S) -> list[dict]:
+    """The events the page received, once `count` of type `kind` are among them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        received = _events(driver, "received")
+        if sum(e["type"] == kind for e in received) >= count:
+            return received
+        time.sleep(0.1)
+    kinds = [e["type"] for e in _events(driver, "received")]
+    raise AssertionError(f"no {kind} in {timeout}s; received {kinds}, error {_text(driver, 'error')!r}")
+
+
+def test_voice_mode_answers_the_microphone_in_speech(voice_browser, openai_frontend):
+    driver, clip = voice_browser
+    _open_voice_page(driver, openai_frontend)
+    _select(driver, "model", "omni")
+    _set(driver, "seed", "7")
+    _set(driver, "max-tokens", "64")
+    _by_id(driver, "voice-mode").click()
+    received = _wait_for_event(driver, "response.done")
+    sent = _events(driver, "sent")
+    kinds = [e["type"] for e in received]
+
+    # The page opened the socket for the chosen model and turned server VAD on before any audio.
+    assert driver.execute_script("return window.__ws.url").endswith("/v1/realtime?model=omni")
+    update, *appends = sent
+    assert update["type"] == "session.update"
+    assert update["session"]["audio"]["input"]["turn_detection"] == {"type": "server_vad"}
+    assert update["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert {e["type"] for e in appends} == {"input_audio_buffer.append"}
+    assert kinds.index("session.updated") < kinds.index("input_audio_buffer.speech_started")
+
+    # The microphone's words are in what the page sent, as long as they are in the WAV, and the
+    # server heard them there: its VAD events are where this process's VAD puts them.
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["audio"]) for e in appends), "<i2")
+    start, end = sound_spans(pcm, 24000)[0]
+    spoken = clip.spans[0][1] - clip.spans[0][0]
+    assert abs((end - start) - spoken) < 250, (start, end, spoken)
+    heard = [(e.kind, e.audio_ms) for e in ServerVad().feed(pcm.tobytes())]
+    server = [(e["type"].split(".")[-1], e.get("audio_start_ms", e.get("audio_end_ms")))
+              for e in received if e["type"].startswith("input_audio_buffer.speech_")]
+    assert len(server) >= 2 and server == heard[: len(server)], (server, heard)
+
+    # Then a spoken reply: the turn's events in order, the response not cut short by anything
+    # but its token limit.
+    order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+             "input_audio_buffer.committed", "response.created", "response.output_audio.delta",
+             "response.done"]
+    assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order), kinds
+    done = next(e for e in received if e["type"] == "response.done")["response"]
+    assert done["status"] == "completed" or (done["status"], done["status_details"]["reason"]) == (
+        "incomplete", "max_output_tokens"), done
+    deltas = [e for e in received if e["type"] == "response.output_audio.delta"]
+    assert {e["response_id"] for e in deltas} == {done["id"]}
+    speech = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in deltas), "<i2")
+    assert speech.size > 0.1 * 24000, speech.size
+
+    # The page played exactly that speech, and shows the transcript that came with it.
+    played = np.concatenate([np.asarray(b["pcm"], np.int64) for b in _played(driver)])
+    assert played.size == speech.size
+    assert np.abs(played - speech.astype(np.int64)).max() <= 1
+    transcript = "".join(e["delta"] for e in received
+                         if e["type"] == "response.output_audio_transcript.delta")
+    assert transcript.strip() and _text(driver, "voice-reply") == transcript
+    assert _by_id(driver, "error").get_attribute("hidden") is not None, _text(driver, "error")
+    _by_id(driver, "voice-mode").click()  # end the session
+
+
+# A scripted /v1/realtime for the barge-in test: the omni tiny model's replies are a fraction
+# of a second, too short to talk over on cue, so this server sends a long reply, then the
+# user's speech_started while it plays, then late deltas of the cut reply, then a new reply.
+CUT_CHUNKS, LATE_CHUNKS, NEXT_CHUNKS, CHUNK = 10, 3, 2, 12000  # 0.5 s chunks at 24 kHz
+
+
+def _chunk(i: int) -> np.ndarray:
+    """Chunk i of a reply: a tone whose loudness says which chunk it is."""
+    t = np.arange(CHUNK) / 24000
+    return np.round((1000 + 500 * i) * np.sin(2 * np.pi * 220 * t)).astype("<i2")
+
+
+def _scripted_realtime(ws) -> None:
+    def send(type_: str, **fields) -> None:
+        ws.send(json.dumps({"type": type_, "event_id": f"event_{time.monotonic_ns()}", **fields}))
+
+    def audio(response: str, i: int, words: str) -> None:
+        send("response.output_audio_transcript.delta", response_id=response, delta=words)
+        send("response.output_audio.delta", response_id=response,
+             delta=base64.b64encode(_chunk(i).tobytes()).decode())
+
+    send("session.created", session={"id": "sess_1"})
+    while json.loads(ws.recv())["type"] != "session.update":
+        pass
+    send("session.updated", session={"id": "sess_1"})
+    send("response.created", response={"id": "resp_cut"})
+    for i in range(CUT_CHUNKS):
+        audio("resp_cut", i, f"cut{i} ")
+    send("input_audio_buffer.speech_started", audio_start_ms=1000, item_id="item_2")
+    for i in range(CUT_CHUNKS, CUT_CHUNKS + LATE_CHUNKS):  # sent before the server heard it
+        audio("resp_cut", i, f"late{i} ")
+    send("response.done", response={"id": "resp_cut", "status": "cancelled"})
+    send("input_audio_buffer.speech_stopped", audio_end_ms=2500, item_id="item_2")
+    send("response.created", response={"id": "resp_next"})
+    for i in range(NEXT_CHUNKS):
+        audio("resp_next", 20 + i, f"next{i} ")
+    send("response.done", response={"id": "resp_next", "status": "completed"})
+    for _ in ws:  # the page's microphone, until it leaves
+        pass
+
+
+@pytest.fixture
+def scripted_realtime():
+    """host:port of a WebSocket server that runs _scripted_realtime per connection."""
+    import threading
+
+    from websockets.sync.server import serve
+
+    with serve(_scripted_realtime, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield "127.0.0.1:%d" % server.socket.getsockname()[1]
+        server.shutdown()
+    thread.join(timeout=10)
+
+
+def test_voice_mode_stops_the_reply_when_the_user_talks(voice_browser, openai_frontend,
+                                                        scripted_realtime):
+    driver, _ = voice_browser
+    _open_voice_page(driver, openai_frontend, ws_host=scripted_realtime)
+    _select(driver, "model", "omni")
+    _by_id(driver, "voice-mode").click()
+    _wait_for_event(driver, "response.done", count=2, timeout=60)
+
+    # Played: the cut reply's chunks up to the user's speech, none of its late ones, then the
+    # next reply's; the cut reply's sound was stopped before it had played out, and the next
+    # reply starts at once, not after where the cut one would have ended.
+    played = _played(driver)
+    expected = list(range(CUT_CHUNKS)) + [20 + i for i in range(NEXT_CHUNKS)]
+    assert len(played) == len(expected)
+    for buffer, i in zip(played, expected):
+        assert np.array_equal(np.asarray(buffer["pcm"]), _chunk(i)), i
+    cut_end = played[0]["when"] + CUT_CHUNKS * CHUNK / 24000
+    stopped_at = driver.execute_script("return window.__stoppedAt")
+    assert len(stopped_at) >= 1 and max(stopped_at) < cut_end, (stopped_at, cut_end)
+    assert played[CUT_CHUNKS]["when"] < cut_end - 1.0
+
+    # Shown: the cut reply as far as it got, marked interrupted; the user's turn; the next reply.
+    bubbles = driver.execute_script(
+        "return [...document.querySelectorAll('.message')].map(m => [m.className, "
+        "m.querySelector('.text').textContent])")
+    assert bubbles == [
+        ["message assistant interrupted", "".join(f"cut{i} " for i in range(CUT_CHUNKS))],
+        ["message user", "🎤 spoken (1.5 s)"],
+        ["message assistant", "next0 next1 "],
+    ], bubbles
+    assert _text(driver, "voice-reply") == "next0 next1 "
+    _by_id(driver, "voice-mode").click()

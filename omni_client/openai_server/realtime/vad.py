@@ -51,6 +51,12 @@ def _silero_model():
         return load_silero_vad(onnx=False)
 
 
+def preload() -> None:
+    """Load Silero VAD (and torch) now, e.g. at server start: else the first server_vad session
+    waits for them (1-4 s here)."""
+    _silero_model()
+
+
 def _check(name: str, value: float, low: float, high: float) -> None:
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")

@@ -13,7 +13,7 @@
     stop: $("stop"), record: $("record"), genImage: $("generate-image"),
     attachments: $("attachments"), voice: $("voice"), temperature: $("temperature"),
     maxTokens: $("max-tokens"), seed: $("seed"), imageSize: $("image-size"),
-    imageModel: $("image-model"), empty: $("empty"),
+    imageModel: $("image-model"), empty: $("empty"), voiceMode: $("voice-mode"),
   };
 
   el.videoFile = $("video-file");
@@ -606,6 +606,246 @@
     });
   }
 
+  // --- voice mode: a /v1/realtime conversation (microphone in, speech out) -----------
+  // The microphone streams as input_audio_buffer.append (PCM16, 24 kHz) with server VAD on;
+  // the reply's speech plays as it arrives and stops when the server hears the user again
+  // (input_audio_buffer.speech_started: barge-in).
+
+  function pcm16Base64(samples) {
+    const bytes = new Uint8Array(samples.length * 2);
+    const view = new DataView(bytes.buffer);
+    for (let i = 0; i < samples.length; i++) {
+      view.setInt16(i * 2, Math.round(Math.max(-1, Math.min(1, samples[i])) * 32767), true);
+    }
+    let s = "";
+    for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+    return btoa(s);
+  }
+
+  class VoiceSession {
+    constructor(model, onEnd) {
+      this.model = model;
+      this.onEnd = onEnd;
+      this.ws = null;
+      this.ctx = null;
+      this.stream = null;
+      this.ready = false; // session.updated seen: server VAD is on
+      this.pending = []; // microphone frames captured before that
+      this.sources = new Set(); // reply audio scheduled or playing
+      this.next = 0;
+      this.reply = null; // {id, wrap, text, meta, samples} of the response being received
+      this.cut = new Set(); // responses interrupted here: their late deltas are dropped
+      this.heard = null; // {wrap, from}: the user bubble of the speech being heard
+      this.closed = false;
+    }
+
+    async start() {
+      const Ctx = window.AudioContext || window.webkitAudioContext;
+      const md = navigator.mediaDevices;
+      if (!Ctx || !md || !md.getUserMedia) throw new Error("this browser gives no microphone here (it needs https or localhost)");
+      this.stream = await md.getUserMedia({
+        audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+      });
+      if (this.closed) { this.release(); return; } // ended while the browser asked
+      this.ctx = new Ctx({ sampleRate: SAMPLE_RATE });
+      if (this.ctx.state === "suspended") await this.ctx.resume().catch(() => {});
+      const source = this.ctx.createMediaStreamSource(this.stream);
+      if (this.ctx.audioWorklet) {
+        await this.ctx.audioWorklet.addModule("/static/voice-capture.js");
+        if (this.closed) { this.release(); return; }
+        this.node = new AudioWorkletNode(this.ctx, "voice-capture");
+        this.node.port.onmessage = (ev) => this.capture(ev.data);
+      } else {
+        this.node = this.ctx.createScriptProcessor(2048, 1, 1);
+        this.node.onaudioprocess = (ev) => this.capture(new Float32Array(ev.inputBuffer.getChannelData(0)));
+      }
+      source.connect(this.node);
+      this.node.connect(this.ctx.destination); // (silent) keeps the node pulled
+
+      const scheme = location.protocol === "https:" ? "wss" : "ws";
+      this.ws = new WebSocket(`${scheme}://${location.host}/v1/realtime?model=${encodeURIComponent(this.model)}`);
+      this.ws.onopen = () => this.send({ type: "session.update", session: this.settings() });
+      this.ws.onmessage = (ev) => {
+        let event;
+        try { event = JSON.parse(ev.data); } catch (e) { return; }
+        this.receive(event);
+      };
+      this.ws.onclose = (ev) => this.stop(ev.code === 1000 || ev.code === 1005 ? "" : `voice session closed: ${ev.reason || ev.code}`);
+    }
+
+    settings() {
+      const session = {
+        type: "realtime",
+        output_modalities: ["audio"],
+        audio: {
+          input: { format: { type: "audio/pcm", rate: SAMPLE_RATE }, turn_detection: { type: "server_vad" } },
+          output: { format: { type: "audio/pcm", rate: SAMPLE_RATE }, voice: el.voice.value },
+        },
+        max_output_tokens: Math.max(1, Math.round(numberOr(el.maxTokens, 64))),
+      };
+      const seed = numberOr(el.seed, null);
+      if (seed !== null) session.seed = Math.round(seed);
+      return session;
+    }
+
+    send(event) {
+      if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(event));
+    }
+
+    capture(frame) {
+      if (this.closed) return;
+      if (!this.ready) { this.pending.push(frame); return; }
+      this.send({ type: "input_audio_buffer.append", audio: pcm16Base64(frame) });
+    }
+
+    receive(event) {
+      switch (event.type) {
+        case "session.updated":
+          if (!this.ready) {
+            this.ready = true;
+            for (const frame of this.pending.splice(0)) this.capture(frame);
+            setStatus("listening", "listening…");
+          }
+          break;
+        case "input_audio_buffer.speech_started":
+          this.interrupt();
+          this.heard = { wrap: renderUser("🎤 …", null, null), from: event.audio_start_ms };
+          setStatus("hearing", "hearing you…");
+          break;
+        case "input_audio_buffer.speech_stopped":
+          if (this.heard) {
+            const s = ((event.audio_end_ms - this.heard.from) / 1000).toFixed(1);
+            this.heard.wrap.querySelector(".text").textContent = `🎤 spoken (${s} s)`;
+            this.heard = null;
+          }
+          break;
+        case "response.created":
+          this.newReply(event.response && event.response.id);
+          setStatus("streaming", "answering…");
+          break;
+        case "response.output_audio_transcript.delta":
+        case "response.output_text.delta":
+          if (this.cut.has(event.response_id)) break;
+          if (!this.reply) this.newReply(event.response_id);
+          this.reply.text.textContent += event.delta;
+          scrollDown();
+          break;
+        case "response.output_audio.delta":
+          if (this.cut.has(event.response_id)) break;
+          if (!this.reply) this.newReply(event.response_id);
+          this.play(event.delta);
+          break;
+        case "response.done":
+          if (this.reply && !this.cut.has(event.response && event.response.id)) this.finishReply(event.response);
+          setStatus("listening", "listening…");
+          break;
+        case "error":
+          showError((event.error && event.error.message) || "realtime error");
+          break;
+        default:
+          break;
+      }
+    }
+
+    newReply(id) {
+      const { wrap, body } = addMessage("assistant");
+      wrap.classList.add("streaming");
+      const text = document.createElement("div");
+      text.className = "text";
+      takeId(text, "voice-reply");
+      const meta = document.createElement("div");
+      meta.className = "meta";
+      body.append(text, meta);
+      this.reply = { id, wrap, text, meta, samples: 0 };
+      scrollDown();
+    }
+
+    finishReply(response) {
+      if (!this.reply) return;
+      const { wrap, meta, samples } = this.reply;
+      wrap.classList.remove("streaming");
+      const bits = [];
+      if (samples) bits.push(`${(samples / SAMPLE_RATE).toFixed(2)} s of speech`);
+      if (response.status) bits.push(response.status);
+      meta.textContent = bits.join(" · ");
+      this.reply = null;
+    }
+
+    play(b64) {
+      const bytes = base64ToBytes(b64);
+      const n = bytes.length >> 1;
+      if (!n || !this.ctx) return;
+      const view = new DataView(bytes.buffer, bytes.byteOffset, n * 2);
+      const buf = this.ctx.createBuffer(1, n, SAMPLE_RATE);
+      const ch = buf.getChannelData(0);
+      for (let i = 0; i < n; i++) ch[i] = view.getInt16(i * 2, true) / 32768;
+      const src = this.ctx.createBufferSource();
+      src.buffer = buf;
+      src.connect(this.ctx.destination);
+      const now = this.ctx.currentTime;
+      if (this.next < now + 0.02) this.next = now + 0.05;
+      src.start(this.next);
+      this.next += buf.duration;
+      this.sources.add(src);
+      src.onended = () => this.sources.delete(src);
+      this.reply.samples += n;
+    }
+
+    // Barge-in: the user talks over the reply, so its speech stops here at once.
+    interrupt() {
+      for (const src of this.sources) {
+        try { src.stop(); } catch (e) { /* not started yet */ }
+      }
+      this.sources.clear();
+      this.next = 0;
+      if (this.reply) {
+        this.cut.add(this.reply.id);
+        this.reply.wrap.classList.add("interrupted");
+        this.finishReply({ status: "interrupted" });
+      }
+    }
+
+    stop(message) {
+      if (this.closed) return;
+      this.closed = true;
+      this.interrupt();
+      this.release();
+      this.onEnd(message || "");
+    }
+
+    release() {
+      if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(1000);
+      if (this.stream) this.stream.getTracks().forEach((t) => t.stop());
+      if (this.ctx && this.ctx.state !== "closed") this.ctx.close().catch(() => {});
+    }
+  }
+
+  function setupVoice() {
+    let session = null;
+    const off = (message) => {
+      session = null;
+      el.voiceMode.setAttribute("aria-pressed", "false");
+      el.voiceMode.classList.remove("recording");
+      el.voiceMode.textContent = "🎙 Voice";
+      if (message) { showError(message); setStatus("error"); } else setStatus("idle");
+    };
+    el.voiceMode.addEventListener("click", async () => {
+      clearError();
+      if (session) { session.stop(""); return; }
+      if (!el.model.value) { showError("No model to talk to (GET /v1/models gave none)."); return; }
+      session = new VoiceSession(el.model.value, off);
+      el.voiceMode.setAttribute("aria-pressed", "true");
+      el.voiceMode.classList.add("recording");
+      el.voiceMode.textContent = "■ End voice";
+      setStatus("sending", "connecting…");
+      try {
+        await session.start();
+      } catch (e) {
+        session.stop(`Voice mode unavailable: ${e.message || e}`);
+      }
+    });
+  }
+
   // --- models ------------------------------------------------------------------------
 
   async function loadModels() {
@@ -652,5 +892,6 @@
   });
 
   setupRecorder();
+  setupVoice();
   loadModels();
 })();
