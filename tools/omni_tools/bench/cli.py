@@ -17,7 +17,9 @@ from omni_tools.bench import (
     openai_chat,
     openai_images,
     profile,
+    realtime,
     report,
+    timeline,
     transformers_baseline,
     vllm_omni,
 )
@@ -27,7 +29,7 @@ from omni_tools.bench.scenario import Scenario
 SCENARIOS: tuple[Scenario, ...] = (
     openai_chat.SCENARIO, transformers_baseline.SCENARIO, child.LLM, child.DIT,
     child.DIT_CACHE, child.PIPELINING, profile.SCENARIO, vllm_omni.SCENARIO,
-    openai_images.SCENARIO,
+    openai_images.SCENARIO, realtime.SCENARIO, timeline.SCENARIO,
     # on demand
     child.SPLIT, child.SPIN, child.COLD_START, child.HIDDEN_STATES, child.STREAM_ERRORS,
     child.UNARY_CANCEL, child.FIRST_CHUNK)
