@@ -262,9 +262,14 @@
       return new Blob([out.buffer], { type: "audio/wav" });
     }
 
+    // The stream ended: close the audio output once what is scheduled has played
+    // (closing it at once would cut the last chunks off).
     stop() {
-      if (this.ctx) this.ctx.close().catch(() => {});
+      const ctx = this.ctx;
       this.ctx = null;
+      if (!ctx) return;
+      const left = Math.max(0, this.next - ctx.currentTime);
+      setTimeout(() => ctx.close().catch(() => {}), left * 1000 + 200);
     }
   }
 
