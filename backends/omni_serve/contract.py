@@ -373,6 +373,7 @@ class OMNI:
     TALKER_SAMPLING_PARAMETERS = "talker_sampling_parameters"
     STREAM_AUDIO = "stream_audio"
     RETURN_CODEC_IDS = "return_codec_ids"
+    RETURN_TIMELINE = "return_timeline"
 
     TEXT_OUTPUT = "text_output"
     AUDIO_CHUNK = "audio_chunk"
@@ -427,6 +428,10 @@ OMNI_CONTRACT = StageContract(
                        "utterance decoded at once, sent as one audio_chunk"),
         TensorSpec(OMNI.RETURN_CODEC_IDS, "TYPE_BOOL", (1,), optional=True,
                    doc="also return the talker's codec ids (codec_ids); needs audio output"),
+        TensorSpec(OMNI.RETURN_TIMELINE, "TYPE_BOOL", (1,), optional=True,
+                   doc="add this request's timeline to metrics: seconds from its start at "
+                       "which each stage call was sent and answered first and last, and the "
+                       "orchestrator's own steps"),
     ),
     outputs=(
         TensorSpec(OMNI.TEXT_OUTPUT, "TYPE_STRING", (1,), doc="the new text (a delta)"),

@@ -923,6 +923,7 @@ def omni_recipe(model: Model) -> Recipe:
         "stream_audio": None,
         "return_codec_ids": st.just(r.attack("return_codec_ids", one(True, "BOOL"),
                                              "without audio output")),
+        "return_timeline": None,
     }
     return r
 

@@ -57,7 +57,8 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
                 seed: int | None = None, session_id: str | None = None,
                 history: list[dict] | str | None = None, talker_sampling: dict | None = None,
                 stream_audio: bool | None = None, return_codec_ids: bool = False,
-                task: str | None = None, video: bytes | None = None):
+                task: str | None = None, video: bytes | None = None,
+                return_timeline: bool = False):
     ins = [_tensor(OMNI.TEXT_INPUT, np.array([text.encode()], dtype=object), "BYTES")]
     if modalities is not None:
         ins.append(_tensor(OMNI.MODALITIES, np.array([m.encode() for m in modalities], dtype=object),
@@ -84,6 +85,8 @@ def omni_inputs(text: str = "describe what you get", *, modalities=None, image: 
         ins.append(_tensor(OMNI.STREAM_AUDIO, np.array([stream_audio]), "BOOL"))
     if return_codec_ids:
         ins.append(_tensor(OMNI.RETURN_CODEC_IDS, np.array([True]), "BOOL"))
+    if return_timeline:
+        ins.append(_tensor(OMNI.RETURN_TIMELINE, np.array([True]), "BOOL"))
     if task is not None:
         ins.append(_tensor(OMNI.TASK, np.array([task.encode()], dtype=object), "BYTES"))
     return ins

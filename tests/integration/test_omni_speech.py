@@ -239,3 +239,22 @@ def test_reading_text_aloud_voices_it(url):
     other = run_omni(url, text="a different sentence to read", task="speech", seed=SEED,
                      talker_sampling=TALKER, return_codec_ids=True, stream_audio=False)
     assert other.codec_ids != result.codec_ids
+
+
+def test_a_speech_timeline_names_each_stage_that_ran_in_order(url):
+    result = run_omni(url, text="tell me about the sea", modalities=["text", "audio"],
+                      sampling=THINKER, seed=SEED, talker_sampling=TALKER, return_timeline=True)
+    assert result.error is None, result.error
+    timeline = result.metrics["timeline"]
+    calls = timeline["calls"]
+    decoders = [c for c in calls if c["stage"] == "audio_decoder"]
+    assert [c["stage"] for c in calls] == ["thinker", "talker"] + ["audio_decoder"] * len(decoders)
+    assert len(decoders) == len(result.chunks) >= 1
+    for call in calls:
+        assert 0 <= call["sent_s"] <= call["first_s"] <= call["last_s"] <= timeline["end_s"]
+    thinker, talker = calls[:2]
+    assert thinker["first_s"] <= talker["sent_s"] and talker["first_s"] <= decoders[0]["sent_s"]
+    outs = [s["at_s"] for s in timeline["steps"] if s["step"] == "audio_out"]
+    assert len(outs) == len(result.chunks) and outs == sorted(outs)
+    assert decoders[0]["last_s"] <= outs[0]
+    assert "timeline" not in run_omni(url, text="tell me about the sea", sampling=THINKER).metrics

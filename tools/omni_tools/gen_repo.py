@@ -64,11 +64,8 @@ from .triton_versions import (
     DEFAULT_TRITON_VERSION,
     FIRST_RESPONSE_FAMILY,
     TritonVersion,
-    client_shm_flags,
     fields_too_new,
-    numpy_problem,
     parse_triton_version,
-    servers_sent_shared_memory,
     version_problems,
 )
 
@@ -571,23 +568,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{args.triton_version.label}\n{_describe(plans)}")
             return 0
         plans = generate(spec, args.output, force=args.force, triton_version=args.triton_version)
-        _warn_numpy(args.triton_version)
     except (SpecError, RepoError, deploy.DeployError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.output).absolute()
     servers = spec.server_names
     if len(servers) == 1:
-        flags = _flags(spec, plans, servers[0], args.triton_version)
         print(f"wrote {out} (pipeline {spec.pipeline})\n{_describe(plans)}\n"
-              f"serve it with: tritonserver --model-repository={out}{flags}")
+              f"serve it with: tritonserver --model-repository={out}{_flags(plans)}")
         return 0
     print(f"wrote {len(servers)} repositories under {out} (pipeline {spec.pipeline})")
     for server in servers:
         mine = [p for p in plans if spec.server_of(p.name) == server]
-        flags = _flags(spec, mine, server, args.triton_version)
         print(f"{server}:\n{_describe(mine)}\n"
-              f"  serve it with: tritonserver --model-repository={out / server}{flags}")
+              f"  serve it with: tritonserver --model-repository={out / server}{_flags(mine)}")
     return 0
 
 
@@ -625,29 +619,11 @@ def _preset_with_model(name: str, folder: Path) -> PipelineSpec:
     return parse_spec(data, base_dir=SPECS_DIR, source=source)
 
 
-def tritonserver_flags(spec: PipelineSpec, plans: list[StagePlan], server: str,
-                       triton_version: TritonVersion) -> list[str]:
-    """tritonserver flags one server's repository needs on `triton_version`: histograms are
-    off unless asked for; from 2.68 client shared memory is refused unless allowed."""
-    flags = []
+def _flags(plans: list[StagePlan]) -> str:
+    """tritonserver flags the written configs need: histograms are off unless asked for."""
     if any(p.config.HasField("model_metrics") for p in plans):
-        flags.append("--metrics-config=histogram_latencies=true")
-    flags += client_shm_flags(triton_version, server in servers_sent_shared_memory(spec))
-    return flags
-
-
-def _flags(spec: PipelineSpec, plans: list[StagePlan], server: str,
-           triton_version: TritonVersion) -> str:
-    return "".join(f" {f}" for f in tritonserver_flags(spec, plans, server, triton_version))
-
-
-def _warn_numpy(triton_version: TritonVersion) -> None:
-    """The serving environment is usually this one: say so if its numpy breaks the stub."""
-    import numpy
-
-    problem = numpy_problem(triton_version, numpy.__version__)
-    if problem:
-        logger.warning("%s", problem)
+        return " --metrics-config histogram_latencies=true"
+    return ""
 
 
 if __name__ == "__main__":

@@ -46,6 +46,23 @@ Event = TextDelta | AudioChunk | ImageOut | CodecIds | Final
 
 
 @dataclass
+class StageCall:
+    """One call to a stage: when it was sent and its first and last responses came back."""
+
+    role: str
+    sent: float = field(default_factory=time.perf_counter)
+    first: float | None = None
+    last: float | None = None
+    responses: int = 0
+
+    def response(self) -> None:
+        now = time.perf_counter()
+        self.first = self.first or now
+        self.last = now
+        self.responses += 1
+
+
+@dataclass
 class Timings:
     """Per-request timings: what the final response's `metrics` JSON reports."""
 
@@ -60,6 +77,20 @@ class Timings:
     completion_tokens: int = 0  # the thinker's reply tokens
     thinker_model: str | None = None  # the thinker engine that served the request
     passed_over: list[str] = field(default_factory=list)  # thinker engines found down
+    # the per-request timeline: every stage call and the orchestrator's own steps
+    # (always stamped, reported with `return_timeline`)
+    timeline: bool = False
+    calls: list[StageCall] = field(default_factory=list)
+    steps: list[tuple[str, float]] = field(default_factory=list)
+
+    def call(self, role: str) -> StageCall:
+        """A stage call sent now (its `response()` stamps each response)."""
+        self.calls.append(call := StageCall(role))
+        return call
+
+    def step(self, name: str) -> None:
+        """One of the orchestrator's own steps, done now."""
+        self.steps.append((name, time.perf_counter()))
 
     def add(self, role: str, seconds: float) -> None:
         self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + seconds
@@ -84,4 +115,17 @@ class Timings:
             out["thinker_passed_over"] = list(self.passed_over)
         if self.audio_seconds > 0 and self.audio_start is not None and self.audio_end is not None:
             out["audio_rtf"] = round((self.audio_end - self.audio_start) / self.audio_seconds, 6)
+        if self.timeline:
+            out["timeline"] = self.timeline_report(now)
         return out
+
+    def timeline_report(self, now: float) -> dict[str, Any]:
+        """Seconds from the request's start: each stage call (sent, first and last response,
+        in the order sent) and each step, then the end (this report)."""
+        def rel(at: float | None) -> float | None:
+            return None if at is None else round(at - self.start, 6)
+
+        return {"calls": [{"stage": c.role, "sent_s": rel(c.sent), "first_s": rel(c.first),
+                           "last_s": rel(c.last), "responses": c.responses} for c in self.calls],
+                "steps": [{"step": name, "at_s": rel(at)} for name, at in self.steps],
+                "end_s": rel(now)}

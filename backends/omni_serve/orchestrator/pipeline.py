@@ -121,9 +121,12 @@ class OmniPipeline:
                      timings: Timings) -> dict[str, np.ndarray]:
         model = getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
+        call = timings.call(role)
         try:
             async with asyncio.timeout(self.cfg.stage_timeout_s):  # not wait_for: see grpc_stream
-                return await self.client.infer(model, inputs, outputs)
+                out = await self.client.infer(model, inputs, outputs)
+            call.response()
+            return out
         except StageCallError as e:
             raise StageFailedError(role, model, e.message, e.code) from e
         except TimeoutError as e:
@@ -138,6 +141,7 @@ class OmniPipeline:
                       ) -> AsyncIterator[dict[str, np.ndarray]]:
         model = model or getattr(self.cfg.stages, role)
         t0 = time.perf_counter()
+        call = timings.call(role)
         try:
             # aclosing here and around every stage stream below: a stream whose consumer
             # stops is closed at once (the gRPC call cancelled), not when it is collected
@@ -145,6 +149,7 @@ class OmniPipeline:
                     model, inputs, outputs, request_id=request_id,
                     timeout_s=self.cfg.stage_timeout_s, unread=unread)) as responses:
                 async for out in responses:
+                    call.response()
                     yield out
         except StageCallError as e:
             raise StageFailedError(role, model, e.message, e.code) from e
@@ -155,7 +160,7 @@ class OmniPipeline:
     async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
         """Run one request, emitting events; raises on failure (the caller reports it)."""
         SESSION_ID.set(req.session_id)  # a stage server's replicas keep a session on one
-        t = Timings()
+        t = Timings(timeline=req.return_timeline)
         rows = ThinkerRows(self.speech) if req.wants_audio else None
         media: dict[str, np.ndarray] = {}
         shapes: dict[str, np.ndarray] = {}  # of raw media, for the talker

@@ -68,6 +68,8 @@ class OmniRequest:
     stream_audio: bool = True
     # also send the talker's codec ids (CodecIds events)
     return_codec_ids: bool = False
+    # add the request's timeline to the final metrics
+    return_timeline: bool = False
 
     @property
     def wants_audio(self) -> bool:
@@ -244,6 +246,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         stream_audio=True if stream_audio is None else stream_audio,
         return_codec_ids=bool(boolean(OMNI.RETURN_CODEC_IDS,
                                       scalar(tensors, OMNI.RETURN_CODEC_IDS))),
+        return_timeline=bool(boolean(OMNI.RETURN_TIMELINE, scalar(tensors, OMNI.RETURN_TIMELINE))),
     )
     # Talker sampling and stream_audio only shape speech: without it they are
     # checked, then unused. Codec ids are an output, so asking for them needs speech.

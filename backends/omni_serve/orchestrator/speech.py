@@ -115,6 +115,7 @@ class Speech:
         if not rows.ready.is_set():
             return  # the reply ended before the talker could start: nothing to voice
         self.t.audio_start = self.t.audio_start or time.perf_counter()
+        self.t.step("talker_ready")
         if not self.req.stream_audio:
             frames = [f async for f in self._frames(rows)]
             if frames:
@@ -204,3 +205,4 @@ class Speech:
         self.t.audio_end = now
         self.t.audio_seconds += chunk.pcm.size / chunk.sample_rate
         self.emit(chunk)
+        self.t.step("audio_out")
