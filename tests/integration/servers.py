@@ -9,6 +9,7 @@ model leaves it serving again with `restoring`.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -22,11 +23,24 @@ import tritonclient.grpc as grpcclient
 
 from omni_tools.server import TritonServer
 
+# OMNI_TEST_DEVICE=gpu serves every repository of the integration tests on the GPU
+# (`omni-gen-repo --device gpu`, tools/gpu_smoke.sh); cpu, the default, as the specs say.
+TEST_DEVICE = os.environ.get("OMNI_TEST_DEVICE", "cpu").strip().lower() or "cpu"
+
+
+def device_args() -> list[str]:
+    """The omni-gen-repo arguments for OMNI_TEST_DEVICE (ValueError for an unknown one)."""
+    if TEST_DEVICE not in ("cpu", "gpu"):
+        raise ValueError(f"OMNI_TEST_DEVICE={TEST_DEVICE!r}: use cpu or gpu")
+    return ["--device", TEST_DEVICE] if TEST_DEVICE == "gpu" else []
+
 
 def gen_repo(args: Sequence[str | Path], out: Path) -> Path:
-    """`omni-gen-repo ARGS -o OUT` (a spec file, or --preset NAME [--model DIR])."""
+    """`omni-gen-repo ARGS -o OUT` (a spec file, or --preset NAME [--model DIR]), on the
+    OMNI_TEST_DEVICE."""
     cli = Path(sys.prefix) / "bin" / "omni-gen-repo"
-    subprocess.run([str(cli), *map(str, args), "-o", str(out)], check=True, timeout=600)
+    subprocess.run([str(cli), *map(str, args), *device_args(), "-o", str(out)], check=True,
+                   timeout=600)
     return out
 
 

@@ -43,6 +43,7 @@ from omni_serve.contract import (
 )
 
 from . import checkpoint, deploy
+from .devices import DEVICES, on_gpu
 from .spec import (
     SPECS_DIR,
     InstancesSpec,
@@ -64,8 +65,11 @@ from .triton_versions import (
     DEFAULT_TRITON_VERSION,
     FIRST_RESPONSE_FAMILY,
     TritonVersion,
+    client_shm_flags,
     fields_too_new,
+    numpy_problem,
     parse_triton_version,
+    servers_sent_shared_memory,
     version_problems,
 )
 
@@ -471,6 +475,10 @@ def _parser() -> argparse.ArgumentParser:
                              "(2.54) or an NGC container release (25.01); spec keys it does not "
                              f"accept are errors (default: {DEFAULT_TRITON_VERSION.label}, the "
                              "tritonserver this project installs)")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="gpu: run the spec's encoders, decoders, DiT and vLLM engines on "
+                             "the GPU (device: cuda, KIND_GPU, a share of GPU memory for each "
+                             "vLLM engine); cpu (default): as the spec says")
     parser.add_argument("--force", action="store_true",
                         help="write into a non-empty folder not made by this tool")
     parser.add_argument("--list-presets", action="store_true", help="list the shipped specs")
@@ -555,6 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # --deploy: the model paths are the containers', not this machine's
             spec = load_preset(args.preset) if args.preset \
                 else load_spec(args.spec, check_paths=not args.deploy)
+        if args.device == "gpu":
+            spec = parse_spec(on_gpu(spec.model_dump(exclude_none=True)), base_dir=spec.base_dir,
+                              source=f"{spec.source} --device gpu", check_paths=not args.deploy)
         if args.deploy:  # what the init containers' omni-gen-repo would refuse, refused here
             plan(spec, resolve_models=False, check_paths=False,
                  triton_version=args.triton_version)
@@ -568,20 +579,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{args.triton_version.label}\n{_describe(plans)}")
             return 0
         plans = generate(spec, args.output, force=args.force, triton_version=args.triton_version)
+        _warn_numpy(args.triton_version)
     except (SpecError, RepoError, deploy.DeployError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.output).absolute()
     servers = spec.server_names
     if len(servers) == 1:
+        flags = _flags(spec, plans, servers[0], args.triton_version)
         print(f"wrote {out} (pipeline {spec.pipeline})\n{_describe(plans)}\n"
-              f"serve it with: tritonserver --model-repository={out}{_flags(plans)}")
+              f"serve it with: tritonserver --model-repository={out}{flags}")
         return 0
     print(f"wrote {len(servers)} repositories under {out} (pipeline {spec.pipeline})")
     for server in servers:
         mine = [p for p in plans if spec.server_of(p.name) == server]
+        flags = _flags(spec, mine, server, args.triton_version)
         print(f"{server}:\n{_describe(mine)}\n"
-              f"  serve it with: tritonserver --model-repository={out / server}{_flags(mine)}")
+              f"  serve it with: tritonserver --model-repository={out / server}{flags}")
     return 0
 
 
@@ -619,11 +633,29 @@ def _preset_with_model(name: str, folder: Path) -> PipelineSpec:
     return parse_spec(data, base_dir=SPECS_DIR, source=source)
 
 
-def _flags(plans: list[StagePlan]) -> str:
-    """tritonserver flags the written configs need: histograms are off unless asked for."""
+def tritonserver_flags(spec: PipelineSpec, plans: list[StagePlan], server: str,
+                       triton_version: TritonVersion) -> list[str]:
+    """tritonserver flags one server's repository needs on `triton_version`: histograms are
+    off unless asked for; from 2.68 client shared memory is refused unless allowed."""
+    flags = []
     if any(p.config.HasField("model_metrics") for p in plans):
-        return " --metrics-config histogram_latencies=true"
-    return ""
+        flags.append("--metrics-config=histogram_latencies=true")
+    flags += client_shm_flags(triton_version, server in servers_sent_shared_memory(spec))
+    return flags
+
+
+def _flags(spec: PipelineSpec, plans: list[StagePlan], server: str,
+           triton_version: TritonVersion) -> str:
+    return "".join(f" {f}" for f in tritonserver_flags(spec, plans, server, triton_version))
+
+
+def _warn_numpy(triton_version: TritonVersion) -> None:
+    """The serving environment is usually this one: say so if its numpy breaks the stub."""
+    import numpy
+
+    problem = numpy_problem(triton_version, numpy.__version__)
+    if problem:
+        logger.warning("%s", problem)
 
 
 if __name__ == "__main__":
