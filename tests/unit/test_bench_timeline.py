@@ -67,6 +67,8 @@ def test_the_summary_keeps_the_median_requests_timeline():
     s = tl.summarize(rows)
     assert s["requests"] == 3 and s["example"]["end_s"] == 1.6
     assert s["client_first_audio_s_p50"] == pytest.approx(0.9)
+    # the first audio went out at 0.75 s on the orchestrator's clock
+    assert s["entry_s_p50"] == pytest.approx(0.15)
 
 
 def test_the_picture_has_a_row_per_call_and_the_table_a_row_per_hop(tmp_path):
@@ -79,6 +81,8 @@ def test_the_picture_has_a_row_per_call_and_the_table_a_row_per_hop(tmp_path):
     text = tl.table(results)
     assert "| Qwen2.5-Omni c=1 |" in text
     assert "| first decoder chunk: sent -> back | 100 |" in text
-    assert "| thinker first token -> talker sent* | 100 |" in text
+    assert "| thinker first token -> talker sent | 100 |" in text
+    assert "| decoder chunk back -> first audio out* | 50 |" in text
+    assert "| entry hop (client's first audio - the orchestrator's)* | 50 |" in text
     assert "| first audio at the client | 800 |" in text
     assert "Qwen2.5-Omni c=1 1.5" in text

@@ -79,10 +79,10 @@ def hops(t: Timeline) -> dict[str, float | None]:
     }
 
 
-# orchestrator hops: nothing but the orchestrator (and the event loop) runs in them
-OVERHEAD_HOPS = ("start -> thinker sent", "thinker first token -> talker sent",
-                 "first codes -> first decoder chunk sent",
-                 "decoder chunk back -> first audio out")
+# the orchestrator's own hops: no stage call is waited for in them (the other hops wait
+# for a stage's output: its compute, its queue and the gRPC hop to it)
+OVERHEAD_HOPS = ("start -> thinker sent", "decoder chunk back -> first audio out",
+                 "no stage call in flight")
 
 
 def median_hops(timelines: Sequence[Timeline]) -> dict[str, float | None]:
@@ -174,8 +174,12 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     timelines = [r["timeline"] for r in rows]
     by_latency = sorted(rows, key=lambda r: r["timeline"]["end_s"])
     client = [r["client_first_audio_s"] for r in rows if r["client_first_audio_s"] is not None]
+    # the entry hop: client -> Triton -> the orchestrator's task, and its first audio back
+    entry = [r["client_first_audio_s"] - _steps(r["timeline"], "audio_out")[0] for r in rows
+             if r["client_first_audio_s"] is not None and _steps(r["timeline"], "audio_out")]
     return {"requests": len(rows), "hops_p50": median_hops(timelines),
             "client_first_audio_s_p50": median(client) if client else None,
+            "entry_s_p50": median(entry) if entry else None,
             "client_latency_s_p50": median(r["client_latency_s"] for r in rows),
             "example": by_latency[len(by_latency) // 2]["timeline"]}
 
@@ -246,8 +250,9 @@ def table(results: Results) -> str:
     head = " | ".join(f"{r['family']} c={c}" for _, r, c, _ in levels)
     rows = [f"Speech replies of {results['max_tokens']} thinker tokens; medians in ms over "
             "each run's requests, from the orchestrator's `return_timeline` (seconds from the "
-            "request's start at which each stage call was sent and answered). Hops marked * "
-            "are the orchestrator's own (no stage computes in them).", "",
+            "request's start at which each stage call was sent and answered). Rows marked * "
+            "wait for no stage: they are the pipeline's overhead; the others wait for a "
+            "stage's output (its compute and queue, and the gRPC hop to it).", "",
             f"| hop | {head} |", "|---|" + "---:|" * len(levels)]
     names = list(levels[0][3]["hops_p50"]) if levels else []
     for name in names:
@@ -258,6 +263,9 @@ def table(results: Results) -> str:
     cells = " | ".join("–" if lv["client_first_audio_s_p50"] is None else
                        f"{lv['client_first_audio_s_p50'] * 1000:.0f}" for *_, lv in levels)
     rows.append(f"| first audio at the client | {cells} |")
+    cells = " | ".join("–" if lv.get("entry_s_p50") is None else
+                       f"{lv['entry_s_p50'] * 1000:.0f}" for *_, lv in levels)
+    rows.append(f"| entry hop (client's first audio - the orchestrator's)* | {cells} |")
     loads = ", ".join(f"{r['family']} c={c} {lv['load_average_1m']:.1f}"
                       for _, r, c, lv in levels)
     rows += ["", f"Load average (1 min) when each run began: {loads}."]
