@@ -100,7 +100,8 @@ def _reference_ids(ref, user_text: str, image: bytes | None = None,
         [{"type": "image"}] if image is not None else []) + (
         [{"type": "video"}] if video is not None else [])
     messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]},
-                {"role": "user", "content": [*parts, {"type": "text", "text": user_text}]}]
+                {"role": "user", "content": [*parts, *([{"type": "text", "text": user_text}]
+                                                       if user_text else [])]}]
     processor = ref["processor"]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=prompt, return_tensors="pt",
@@ -118,9 +119,10 @@ CASES = {
     "text + resized image": {"image": png(300, 200, seed=2)},  # the processor resizes it
     "text + audio": {"audio": tone(1.0, freq=330.0)},
     "text + image + audio": {"image": png(300, 200, seed=2), "audio": tone(1.5, freq=220.0)},
+    "audio alone": {"audio": tone(1.0, freq=330.0), "question": ""},  # a spoken turn
     # 2.5 s at 10 fps, 64x64: 4 frames at 2 a second, resized to 112x112, 2 x 4 x 4 tokens
     "text + video": {"video": clip(fps=10, frames=25, size=(64, 64))},
-    # the video's rows come from the thinker's tower, the image's from the encoder stage
+    # beside a video the image goes to the thinker as its file too (not the encoder stage)
     "text + image + video": {"image": png(100, 80), "video": clip(fps=10, frames=25, size=(96, 64))},
 }
 
@@ -128,7 +130,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_the_reply_equals_qwen25_omni_in_transformers(url, reference, case):
     media = CASES[case]
-    question = "what do you see and hear?"
+    question = media.get("question", "what do you see and hear?")
     want = _reference_ids(reference, question, media.get("image"), media.get("audio"),
                           video=media.get("video"))
     result = run_omni(url, text=question, sampling=GREEDY, image=media.get("image"),
@@ -136,7 +138,9 @@ def test_the_reply_equals_qwen25_omni_in_transformers(url, reference, case):
                       video=media.get("video"))
     assert result.error is None, result.error
     tokens = reference["processor"].tokenizer.decode(want, skip_special_tokens=True)
-    assert result.text == tokens
+    # a reply cut by max_tokens inside a character: vLLM's streamed detokenizer holds its
+    # first bytes back, a whole decode shows them as U+FFFD
+    assert result.text.rstrip("\ufffd") == tokens.rstrip("\ufffd")
     assert result.metrics["usage"]["completion_tokens"] == len(want)
 
 

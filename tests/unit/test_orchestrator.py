@@ -380,3 +380,19 @@ def test_a_server_without_grpc_is_refused_with_the_reason():
 
     with pytest.raises(ValueError, match="--allow-grpc=false"):
         grpc_url_from_args(["tritonserver", "--allow-grpc=false"])
+
+
+@pytest.mark.parametrize("text", ["", "  \n"])
+def test_a_chat_turn_may_be_media_alone_but_not_empty(text):
+    cfg = config()
+    req = parse_request("r", tensors(text, **{OMNI.AUDIO: b"RIFF"}), cfg)
+    assert req.text == ""
+    prompt = tiny_chat_prompt()
+    chat = prompt.render("sys", req.text, ["audio"])
+    # the user's turn is its audio, with no empty text part after it
+    assert chat.endswith("<|im_start|>user\n<|audio_bos|><|AUDIO|><|audio_eos|><|im_end|>\n"
+                         "<|im_start|>assistant\n")
+    for extra in ({}, {OMNI.AUDIO: b"RIFF", OMNI.TASK: b"speech"}):
+        with pytest.raises(RequestError) as err:
+            parse_request("r", tensors(text, **extra), cfg)
+        assert err.value.field == "text_input" and "a chat turn may be media alone" in err.value.message

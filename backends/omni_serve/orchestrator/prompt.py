@@ -35,11 +35,13 @@ def messages(system: str, user: str, media: Sequence[Media] = (),
              history: Sequence[Turn] = ()) -> list[dict[str, Any]]:
     """The chat of one request: system (none when empty: the template's own default),
     the earlier turns, then the user's media and text (a plain string when there is no
-    media, which every chat template reads)."""
+    media, which every chat template reads; none when the turn is media alone)."""
     chat: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     chat += [{"role": turn.role, "content": turn.content} for turn in history]
     if media:
-        content: Any = [{"type": kind} for kind in media] + [{"type": "text", "text": user}]
+        content: Any = [{"type": kind} for kind in media]
+        if user:
+            content.append({"type": "text", "text": user})
     else:
         content = user
     chat.append({"role": "user", "content": content})

@@ -207,9 +207,9 @@ def _voice(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> st
 
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                   cfg: OrchestratorConfig) -> OmniRequest:
-    prompt = text(OMNI.TEXT_INPUT, scalar(tensors, OMNI.TEXT_INPUT))
-    if prompt is None or not prompt.strip():
-        raise RequestError(OMNI.TEXT_INPUT, "is required and must not be empty")
+    prompt = text(OMNI.TEXT_INPUT, scalar(tensors, OMNI.TEXT_INPUT)) or ""
+    if not prompt.strip():
+        prompt = ""  # a chat turn may be media alone (checked below)
     raw = text(OMNI.SAMPLING_PARAMETERS, scalar(tensors, OMNI.SAMPLING_PARAMETERS))
     sampling: dict[str, Any] = {}
     if raw:
@@ -248,6 +248,10 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                                       scalar(tensors, OMNI.RETURN_CODEC_IDS))),
         return_timeline=bool(boolean(OMNI.RETURN_TIMELINE, scalar(tensors, OMNI.RETURN_TIMELINE))),
     )
+    if not req.text and (req.task != "chat" or (req.image, req.audio, req.video) == (None,) * 3):
+        raise RequestError(OMNI.TEXT_INPUT, "is required and must not be empty (a chat turn "
+                                            f"may be media alone: {OMNI.IMAGE}, {OMNI.AUDIO} "
+                                            f"or {OMNI.VIDEO})")
     # Talker sampling and stream_audio only shape speech: without it they are
     # checked, then unused. Codec ids are an output, so asking for them needs speech.
     if req.return_codec_ids and not req.wants_audio:

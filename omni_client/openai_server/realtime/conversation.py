@@ -18,6 +18,8 @@ from omni_client.openai_server.realtime.client_events import ItemIn, RealtimeErr
 from omni_client.openai_server.realtime.server_events import new_id
 
 Role = Literal["user", "assistant", "system"]
+# an earlier user turn that was audio alone, in the history (which carries text only)
+AUDIO_TURN_IN_HISTORY = "(the user spoke)"
 PART_TYPES = {"user": ("input_text", "input_audio"), "system": ("input_text",),
               "assistant": ("output_text", "output_audio", "text")}
 
@@ -160,7 +162,8 @@ class Conversation:
         *before, last = self.items
         history = [{"role": "system", "content": system}] if system else []
         for item in before:
-            content = item.text or (audio_prompt if item.audio is not None else "")
+            content = item.text or (audio_prompt or AUDIO_TURN_IN_HISTORY
+                                    if item.audio is not None else "")
             if content:  # a reply cancelled before its first word says nothing
                 history.append({"role": item.role, "content": content})
         audio = last.audio

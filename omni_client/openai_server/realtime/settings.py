@@ -21,22 +21,22 @@ class RealtimeSettings:
         idle_timeout_s: a session with no client event and no running
             response for this long is closed.
         max_session_s: a session is closed this long after it opened.
-        audio_prompt: the text sent with a user turn that is audio only (the
-            omni pipeline reads an instruction with every turn).
+        audio_prompt: the text sent with a user turn that is audio only (empty, the
+            default: the turn is the audio alone, as the model's processor takes it).
+            An earlier audio-only turn reaches the model in the history as this text,
+            or as AUDIO_TURN_IN_HISTORY when it is empty (history carries text only).
     """
 
     max_sessions: int = 32
     max_buffer_bytes: int = 24000 * 2 * 600
     idle_timeout_s: float = 300.0
     max_session_s: float = 3600.0
-    audio_prompt: str = "Answer what you hear."
+    audio_prompt: str = ""
 
     def __post_init__(self):
         for name in ("max_sessions", "max_buffer_bytes", "idle_timeout_s", "max_session_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"realtime {name} must be positive, got {getattr(self, name)!r}")
-        if not self.audio_prompt.strip():
-            raise ValueError("realtime audio_prompt must not be empty")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RealtimeSettings:
@@ -50,7 +50,8 @@ _HELP = {
     "idle_timeout_s": "seconds without a client event before a session closes "
                       "(default: %(default)s)",
     "max_session_s": "seconds a session may last (default: %(default)s)",
-    "audio_prompt": "text sent with a user turn that is audio only (default: %(default)r)",
+    "audio_prompt": "text sent with a user turn that is audio only (default: none, the "
+                    "audio alone)",
 }
 
 
