@@ -175,6 +175,15 @@ def test_stream_audio_false_decodes_all_codes_in_one_call_without_context():
     assert chunk.pcm.size == TALKER_CODES * SAMPLES_PER_CODE
 
 
+def test_a_reply_done_before_its_first_chunk_could_go_is_decoded_in_one_call():
+    # first chunk 3 codes + 2 of right context: 4 codes never allow it while streaming
+    events, stages = speak(ScriptedStages(talker_codes=4))
+    (call,) = stages.decoded
+    codes, context, lookahead, offset, _ = call
+    assert codes == [code_at(p) for p in range(4)] and (context, lookahead, offset) == (0, 0, 0)
+    assert voiced_marks(events) == every_code_in_order(4)
+
+
 def test_the_decoder_starts_while_the_talker_still_talks():
     _, stages = speak(ScriptedStages(code_delay=0.01))
     assert stages.log.index("audio") < stages.log.index("talker done")

@@ -145,7 +145,11 @@ class Speech:
                             done = chunk.end
                             await decoders.acquire()
                             pending.put_nowait(tg.create_task(decode(chunk)))
-                for chunk in self._plan(codes, done, final=True):
+                # a reply done before its first chunk could go (it and its right context
+                # are longer than the reply): one call for all of it, as stream_audio false
+                # does, rather than chunks that decode their contexts twice
+                whole = [DecoderChunk(np.stack(codes), 0, 0, 0, len(codes))] if codes else []
+                for chunk in whole if done == 0 else self._plan(codes, done, final=True):
                     await decoders.acquire()
                     pending.put_nowait(tg.create_task(decode(chunk)))
             finally:
