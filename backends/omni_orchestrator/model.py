@@ -203,6 +203,7 @@ class TritonPythonModel(StageModel):
 
     def execute(self, requests):
         for request in requests:
+            received = time.perf_counter()  # the request's start in its timings
             response_sender = request.get_response_sender()
             request_id = f"{self.model_name}-{self._instance_tag}-{next(self._ids)}"
             try:
@@ -216,14 +217,15 @@ class TritonPythonModel(StageModel):
             cancel = _CancelLatch()
             outbox = Outbox(self.sender, response_sender, merge=_response, on_cancel=cancel.set)
             self._count_in_flight(+1)
-            asyncio.run_coroutine_threadsafe(self._run(req, outbox, cancel), self.loop)
+            asyncio.run_coroutine_threadsafe(self._run(req, outbox, cancel, received), self.loop)
         return None
 
-    async def _run(self, req, outbox: Outbox, cancel: _CancelLatch) -> None:
+    async def _run(self, req, outbox: Outbox, cancel: _CancelLatch,
+                   received: float | None = None) -> None:
         task = asyncio.current_task()
         try:
             cancel.attach(lambda: self.loop.call_soon_threadsafe(task.cancel))
-            await self.pipeline.run(req, lambda event: self._emit(outbox, event))
+            await self.pipeline.run(req, lambda event: self._emit(outbox, event), received)
         except asyncio.CancelledError:
             outbox.send(Final("cancelled", {}))
         except Exception as e:

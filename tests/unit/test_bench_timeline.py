@@ -18,7 +18,8 @@ def speech(shift: float = 0.0) -> dict:
                       call("talker", 0.3 + shift, 0.5 + shift, 1.2, 5),
                       call("audio_decoder", 0.6 + shift, 0.7 + shift, 0.7 + shift),
                       call("audio_decoder", 1.2, 1.25, 1.25)],
-            "steps": [{"step": "talker_ready", "at_s": 0.25 + shift},
+            "steps": [{"step": "task_started", "at_s": 0.02},
+                      {"step": "talker_ready", "at_s": 0.25 + shift},
                       {"step": "audio_out", "at_s": 0.75 + shift},
                       {"step": "audio_out", "at_s": 1.3}],
             "end_s": 1.4}
@@ -26,6 +27,7 @@ def speech(shift: float = 0.0) -> dict:
 
 def test_each_hop_is_the_gap_between_its_two_stamps():
     h = tl.hops(speech())
+    assert h["start -> task started"] == pytest.approx(0.02)
     assert h["start -> thinker sent"] == pytest.approx(0.1)
     assert h["thinker sent -> first token"] == pytest.approx(0.1)
     assert h["thinker first token -> talker sent"] == pytest.approx(0.1)
@@ -50,6 +52,7 @@ def test_a_text_only_request_has_no_speech_hops():
     text = {"calls": [call("thinker", 0.05, 0.1, 0.5, 4)], "steps": [], "end_s": 0.6}
     h = tl.hops(text)
     assert h["start -> thinker sent"] == pytest.approx(0.05)
+    assert h["start -> task started"] is None  # a timeline from before the stamp
     assert h["thinker first token -> talker sent"] is None
     assert h["start -> first audio out"] is None
 

@@ -48,7 +48,7 @@ class Forever:
     def __init__(self):
         self.started = threading.Event()
 
-    async def run(self, req, emit) -> None:
+    async def run(self, req, emit, received=None) -> None:
         self.started.set()
         await asyncio.Event().wait()
 

@@ -2,8 +2,14 @@
 the pipeline's stage calls and the speech path), with scripted stages."""
 from __future__ import annotations
 
+import asyncio
+import time
+
 from omni_serve.contract import OMNI
-from omni_serve.orchestrator.pipeline import AudioChunk, Final
+from omni_serve.orchestrator.pipeline import AudioChunk, Final, OmniPipeline
+from omni_serve.orchestrator.request import parse_request
+from tests.unit.chat import tiny_chat_prompt
+from tests.unit.test_orchestrator import ScriptedStages, config, tensors
 from tests.unit.test_orchestrator_speech import CHUNKS, speak
 
 
@@ -46,3 +52,17 @@ def test_the_orchestrators_steps_are_the_talker_start_and_each_chunk_sent_out():
     talker = timeline["calls"][1]
     first_decoder = timeline["calls"][2]
     assert at[0] <= talker["sent_s"] and first_decoder["last_s"] <= at[1]
+
+
+def test_the_timeline_starts_when_the_request_reached_the_orchestrator():
+    cfg = config()
+    pipeline = OmniPipeline(cfg, ScriptedStages(), tiny_chat_prompt())
+    req = parse_request("r1", tensors(**{OMNI.RETURN_TIMELINE: True}), cfg)
+    events: list = []
+    received = time.perf_counter() - 0.05  # it waited 50 ms for the event loop
+    asyncio.run(pipeline.run(req, events.append, received))
+    metrics = final_metrics(events)
+    first = metrics["timeline"]["steps"][0]
+    assert first["step"] == "task_started" and first["at_s"] >= 0.05
+    assert metrics["timeline"]["calls"][0]["sent_s"] >= first["at_s"]
+    assert metrics["total_s"] >= 0.05

@@ -157,10 +157,16 @@ class OmniPipeline:
             timings.add(role, time.perf_counter() - t0)
 
     # --- the request -----------------------------------------------------------------
-    async def run(self, req: OmniRequest, emit: Callable[[Event], None]) -> None:
-        """Run one request, emitting events; raises on failure (the caller reports it)."""
+    async def run(self, req: OmniRequest, emit: Callable[[Event], None],
+                  received: float | None = None) -> None:
+        """Run one request, emitting events; raises on failure (the caller reports it).
+        `received`: when the request reached the orchestrator (time.perf_counter), the start
+        of its timings (default: now)."""
         SESSION_ID.set(req.session_id)  # a stage server's replicas keep a session on one
         t = Timings(timeline=req.return_timeline)
+        if received is not None:
+            t.start = received
+            t.step("task_started")
         rows = ThinkerRows(self.speech) if req.wants_audio else None
         media: dict[str, np.ndarray] = {}
         shapes: dict[str, np.ndarray] = {}  # of raw media, for the talker

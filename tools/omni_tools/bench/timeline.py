@@ -63,6 +63,7 @@ def hops(t: Timeline) -> dict[str, float | None]:
         return None if a is None or b is None else b - a
 
     return {
+        "start -> task started": (_steps(t, "task_started") or [None])[0],
         "start -> thinker sent": thinker and thinker["sent_s"],
         "thinker sent -> first token": thinker and gap(thinker["sent_s"], thinker["first_s"]),
         "thinker first token -> talker sent": thinker and talker and gap(
@@ -81,7 +82,7 @@ def hops(t: Timeline) -> dict[str, float | None]:
 
 # the orchestrator's own hops: no stage call is waited for in them (the other hops wait
 # for a stage's output: its compute, its queue and the gRPC hop to it)
-OVERHEAD_HOPS = ("start -> thinker sent", "decoder chunk back -> first audio out",
+OVERHEAD_HOPS = ("start -> task started", "start -> thinker sent", "decoder chunk back -> first audio out",
                  "no stage call in flight")
 
 
