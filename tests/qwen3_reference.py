@@ -10,7 +10,11 @@ follows `talker_do_sample`). `codes` is `[frames, 16]` int64: the talker's code 
 predictor's 15 for each frame, as Code2Wav received them; `waveform` float32 at 24 kHz.
 
 transformers quirks the helper absorbs (ENVIRONMENT.md): `generate` stops the thinker on the
-real `<|im_end|>` id (151645) unless told, so the tokenizer's `<|im_end|>` is passed.
+real `<|im_end|>` id (151645) unless told, so the tokenizer's `<|im_end|>` is passed; and
+`generate(use_audio_in_video=True)` hands the flag to the thinker only (its talker kwargs take
+just the grids), so the talker would place the interleaved frames and sound of its prompt as
+if they were not: the flag is passed to the talker too (`talker_use_audio_in_video`), as
+Qwen2.5-Omni's `generate` passes it.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ def load(folder: str | Path) -> tuple[Any, Any]:
     return model.eval(), AutoProcessor.from_pretrained(str(folder))
 
 
-def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]]) -> Any:
+def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]], *,
+                     use_audio_in_video: bool = False) -> Any:
     """The processor's tensors for a chat: images, audio and videos taken from the parts that
     carry them.
 
@@ -50,6 +55,9 @@ def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]]) -> A
     samples}` or `{"type": "video", "video": uint8 [T, H, W, 3] frames}` renders as its
     placeholder and is passed to the processor in order; a video's frames are taken as they
     are (the processor's default `do_sample_frames=False`; its positions assume its default fps).
+    With `use_audio_in_video` a video part's `"soundtrack"` (float32 16 kHz samples; not
+    "audio", which the checkpoint's template renders as an audio part) is the audio item of
+    that video, heard with its frames.
     """
     images, audio, videos = [], [], []
     for message in messages:
@@ -61,39 +69,46 @@ def processor_inputs(processor: Any, messages: Sequence[Mapping[str, Any]]) -> A
                 audio.append(np.asarray(part["audio"], dtype=np.float32))
             elif part.get("type") == "video":
                 videos.append(part["video"])
-    prompt = processor.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+                if use_audio_in_video:
+                    audio.append(np.asarray(part["soundtrack"], dtype=np.float32))
+    heard = {"use_audio_in_video": True} if use_audio_in_video else {}
+    prompt = processor.apply_chat_template(list(messages), add_generation_prompt=True,
+                                           tokenize=False, **heard)
     return processor(text=prompt, images=images or None, audio=audio or None,
-                     videos=videos or None, return_tensors="pt")
+                     videos=videos or None, return_tensors="pt", **heard)
 
 
 def thinker_reply(folder: str | Path, messages: Sequence[Mapping[str, Any]], *,
-                  max_new_tokens: int) -> list[int]:
+                  max_new_tokens: int, use_audio_in_video: bool = False) -> list[int]:
     """The thinker's greedy reply ids (`model.thinker.generate`) to a chat of any number of turns.
 
     `messages`: user and assistant turns (see `processor_inputs`), the last one the user's;
     the checkpoint's own chat template renders them, the assistant's turn opened after them.
     """
     model, processor = load(str(folder))
-    inputs = processor_inputs(processor, messages)
+    heard = {"use_audio_in_video": True} if use_audio_in_video else {}
+    inputs = processor_inputs(processor, messages, **heard)
     im_end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     with torch.no_grad():
         out = model.thinker.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                     eos_token_id=im_end)
+                                     eos_token_id=im_end, **heard)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 def reference(folder: str | Path, messages_or_inputs: Sequence[Mapping[str, Any]] | Mapping[str, Any], *,
-              speaker: str, seed: int, max_new_tokens: int,
-              talker_max_new_tokens: int = 64) -> tuple[list[int], np.ndarray, np.ndarray]:
+              speaker: str, seed: int, max_new_tokens: int, talker_max_new_tokens: int = 64,
+              use_audio_in_video: bool = False) -> tuple[list[int], np.ndarray, np.ndarray]:
     """(reply token ids, codes [frames, 16] int64, waveform float32) of transformers on `folder`.
 
     `messages_or_inputs`: chat messages (see `processor_inputs`) or the processor's output.
     `max_new_tokens` bounds the thinker's reply, `talker_max_new_tokens` the codec frames.
+    `use_audio_in_video`: each video is heard with its soundtrack (see `processor_inputs`).
     """
     model, processor = load(str(folder))
+    heard = {"use_audio_in_video": True} if use_audio_in_video else {}
     inputs = messages_or_inputs
     if not isinstance(messages_or_inputs, Mapping):
-        inputs = processor_inputs(processor, messages_or_inputs)
+        inputs = processor_inputs(processor, messages_or_inputs, **heard)
     captured: list[torch.Tensor] = []
     decode = model.code2wav.chunked_decode
 
@@ -110,7 +125,8 @@ def reference(folder: str | Path, messages_or_inputs: Sequence[Mapping[str, Any]
                 **inputs, speaker=speaker, return_audio=True,
                 thinker_do_sample=False, talker_do_sample=False,
                 thinker_max_new_tokens=max_new_tokens, thinker_eos_token_id=im_end,
-                talker_max_new_tokens=talker_max_new_tokens)
+                talker_max_new_tokens=talker_max_new_tokens, **heard,
+                **{f"talker_{k}": v for k, v in heard.items()})
     finally:
         del model.code2wav.chunked_decode  # back to the class's method
     reply = sequences[0, inputs["input_ids"].shape[1]:].tolist()

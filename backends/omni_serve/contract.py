@@ -32,6 +32,7 @@ class LLM:
     # Omni extras.
     AUDIO = "audio"
     VIDEO = "video"
+    USE_AUDIO_IN_VIDEO = "use_audio_in_video"
     PROMPT_TOKEN_IDS = "prompt_token_ids"
     MESSAGES = "messages"
     IMAGE_EMBEDS = "image_embeds"
@@ -118,6 +119,10 @@ LLM_CONTRACT = StageContract(
                    doc="video models on vLLM's own processor: the video files (MP4, MOV, MKV, "
                        "WebM, AVI) of text_input, one per element; their frames are sampled as "
                        "the model family's processor samples them, without their sound"),
+        TensorSpec(LLM.USE_AUDIO_IN_VIDEO, "TYPE_BOOL", (1,), optional=True,
+                   doc="with video: true hears each video's soundtrack interleaved with its "
+                       "frames in time (vLLM's mm_processor_kwargs use_audio_in_video); "
+                       "default: without it"),
         TensorSpec(LLM.EMBEDDING_REQUEST, "TYPE_STRING", (1,), optional=True,
                    doc="pooling models: JSON {\"input\": text or token ids, \"pooling_params\": "
                        "{\"dimensions\": [n]}}; text_output is the embedding as a JSON list"),
@@ -191,6 +196,7 @@ class TALKER:
     AUDIO_FEATURE_LENGTHS = "audio_feature_lengths"
     VIDEO_GRID_THW = "video_grid_thw"
     VIDEO_SECOND_PER_GRID = "video_second_per_grid"
+    USE_AUDIO_IN_VIDEO = "use_audio_in_video"
     VOICE = "voice"
     SAMPLING_PARAMETERS = "sampling_parameters"
 
@@ -222,6 +228,9 @@ TALKER_CONTRACT = StageContract(
         TensorSpec(TALKER.VIDEO_SECOND_PER_GRID, "TYPE_FP32", (-1,), optional=True,
                    doc="with video_grid_thw: the seconds each video's temporal grid step "
                        "stands for (its M-RoPE times)"),
+        TensorSpec(TALKER.USE_AUDIO_IN_VIDEO, "TYPE_BOOL", (1,), optional=True,
+                   doc="with video_grid_thw: the thinker heard each video's soundtrack "
+                       "(audio_feature_lengths holds its frames, after any audio clip's)"),
         TensorSpec(TALKER.VOICE, "TYPE_STRING", (1,), optional=True,
                    doc="a voice of the checkpoint (default: its first)"),
         TensorSpec(TALKER.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,
@@ -363,6 +372,7 @@ class OMNI:
     IMAGE = "image"
     AUDIO = "audio"
     VIDEO = "video"
+    USE_AUDIO_IN_VIDEO = "use_audio_in_video"
     MODALITIES = "modalities"
     SAMPLING_PARAMETERS = "sampling_parameters"
     VOICE = "voice"
@@ -400,7 +410,10 @@ OMNI_CONTRACT = StageContract(
                    doc="an audio file's bytes (WAV, FLAC, OGG)"),
         TensorSpec(OMNI.VIDEO, "TYPE_STRING", (1,), optional=True,
                    doc="a video file's bytes (MP4, MOV, MKV, WebM, AVI); its frames, without "
-                       "its sound, for a thinker that takes video"),
+                       "its sound unless use_audio_in_video, for a thinker that takes video"),
+        TensorSpec(OMNI.USE_AUDIO_IN_VIDEO, "TYPE_BOOL", (1,), optional=True,
+                   doc="with video: true hears the clip's soundtrack interleaved with its "
+                       "frames in time (default: the checkpoint processor's default)"),
         TensorSpec(OMNI.MODALITIES, "TYPE_STRING", (-1,), optional=True,
                    doc='outputs wanted, any of "text", "audio", "image" (default: text)'),
         TensorSpec(OMNI.SAMPLING_PARAMETERS, "TYPE_STRING", (1,), optional=True,

@@ -544,6 +544,8 @@ def llm_recipe(model: Model, media: Request | None = None) -> Recipe:
         # raw sound files, decoded by the stage before the engine sees them
         "audio": bad_media("audio").map(lambda bw: r.attack("audio", text(bw[0]), bw[1])),
         "video": bad_media("video").map(lambda bw: r.attack("video", text(bw[0]), bw[1])),
+        "use_audio_in_video": st.just(r.attack("use_audio_in_video", one(True, "BOOL"),
+                                               "without a video")),
         "embedding_request": _embedding_values(r, no_text["drop"]),
     }
     r.values.update(_media_values(r, media) if media else _text_only_media_values(r))
@@ -744,6 +746,12 @@ def talker_recipe(model: Model, hidden_file: str, prompt_ids: list[int], rows: i
                 add={"video_grid_thw": T(np.array([[2, 4, 4]], np.int64), "INT64")})),
             st.just(r.attack("video_second_per_grid", floats([2.0]), "without video_grid_thw",
                              ("video_grid_thw",)))),
+        "use_audio_in_video": st.one_of(
+            st.just(r.attack("use_audio_in_video", one(True, "BOOL"), "without video_grid_thw")),
+            st.just(r.attack("use_audio_in_video", one(True, "BOOL"),
+                             "without audio_feature_lengths",
+                             add={"video_grid_thw": T(np.array([[2, 4, 4]], np.int64), "INT64"),
+                                  "video_second_per_grid": floats([2.0])}))),
     }
     return r
 
@@ -924,6 +932,11 @@ def omni_recipe(model: Model) -> Recipe:
         "return_codec_ids": st.just(r.attack("return_codec_ids", one(True, "BOOL"),
                                              "without audio output")),
         "return_timeline": None,
+        "use_audio_in_video": st.one_of(
+            st.just(r.attack("use_audio_in_video", one(True, "BOOL"), "without a video")),
+            # a thinker without video names the video instead
+            st.just(r.attack("use_audio_in_video", one(True, "BOOL"), "a clip without sound",
+                             ("video",), add={"video": text(clip())}))),
     }
     return r
 

@@ -236,3 +236,17 @@ def wav(samples: np.ndarray, rate: int = 16000) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, samples, rate, format="WAV")
     return buf.getvalue()
+
+
+# --- audio in video -----------------------------------------------------------------
+
+def run_omni_hearing(url: str, use_audio_in_video: bool, model: str = MODEL,
+                     **kwargs) -> OmniResult:
+    """run_omni with the `use_audio_in_video` flag set (true: the clip's sound is heard)."""
+    stream = OmniStream(url, model)
+    try:
+        stream.send([*omni_inputs(**kwargs),
+                     _tensor(OMNI.USE_AUDIO_IN_VIDEO, np.array([use_audio_in_video]), "BOOL")])
+        return stream.collect()
+    finally:
+        stream.close()

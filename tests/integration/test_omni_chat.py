@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.prompt import ChatPrompt
-from tests.video_clip import clip, clip_frames
+from tests.video_clip import clip, clip_frames, clip_soundtrack
 
 from .llm_io import cancel_limit, metric, wait_idle
 from .omni_io import (
@@ -27,6 +27,7 @@ from .omni_io import (
     omni_inputs,
     png,
     run_omni,
+    run_omni_hearing,
     tone,
     wav,
 )
@@ -95,7 +96,7 @@ def reference(omni_chat_server):
 
 def _reference_ids(ref, user_text: str, image: bytes | None = None,
                    audio: np.ndarray | None = None, max_tokens: int = GREEDY["max_tokens"],
-                   video: bytes | None = None) -> list[int]:
+                   video: bytes | None = None, use_audio_in_video: bool = False) -> list[int]:
     parts = ([{"type": "audio"}] if audio is not None else []) + (
         [{"type": "image"}] if image is not None else []) + (
         [{"type": "video"}] if video is not None else [])
@@ -103,13 +104,18 @@ def _reference_ids(ref, user_text: str, image: bytes | None = None,
                 {"role": "user", "content": [*parts, *([{"type": "text", "text": user_text}]
                                                        if user_text else [])]}]
     processor = ref["processor"]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    heard = {"use_audio_in_video": True} if use_audio_in_video else {}
+    if use_audio_in_video:  # the clip's sound, as the caller of the processor passes it
+        audio = clip_soundtrack(video)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                           **heard)
     inputs = processor(text=prompt, return_tensors="pt",
                        images=[Image.open(io.BytesIO(image)).convert("RGB")] if image else None,
                        audio=[audio] if audio is not None else None,
-                       videos=[clip_frames(processor, video, fps=2.0)] if video else None)
+                       videos=[clip_frames(processor, video, fps=2.0)] if video else None, **heard)
     with torch.no_grad():
-        out = ref["thinker"].generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
+        out = ref["thinker"].generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
+                                      **heard)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
@@ -142,6 +148,28 @@ def test_the_reply_equals_qwen25_omni_in_transformers(url, reference, case):
     # first bytes back, a whole decode shows them as U+FFFD
     assert result.text.rstrip("\ufffd") == tokens.rstrip("\ufffd")
     assert result.metrics["usage"]["completion_tokens"] == len(want)
+
+
+def test_a_clip_heard_with_its_sound_equals_qwen25_omni_in_transformers(url, reference):
+    """use_audio_in_video: a 3 s clip (10 fps, 64x64) with a chirp (AAC): 6 frames at 2 a
+    second, 3 x 12 x 12 video tokens, and 77 audio tokens interleaved with them in 2 s
+    chunks (50 position ids). Its reply is transformers' with the flag; without the flag,
+    the same clip's reply is the silent one, and the two differ."""
+    data = clip(fps=10, frames=30, size=(64, 64), sound="chirp")
+    question = "what do you see and hear?"
+    want = _reference_ids(reference, question, video=data, use_audio_in_video=True)
+    deaf = _reference_ids(reference, question, video=data)
+    assert want != deaf, "the soundtrack does not change transformers' reply: no test"
+    decode = reference["processor"].tokenizer.decode
+    heard = run_omni_hearing(url, True, text=question, sampling=GREEDY, video=data)
+    assert heard.error is None, heard.error
+    assert heard.text == decode(want, skip_special_tokens=True)
+    assert heard.metrics["usage"]["completion_tokens"] == len(want)
+    silent = run_omni_hearing(url, False, text=question, sampling=GREEDY, video=data)
+    assert silent.error is None, silent.error
+    assert silent.text == decode(deaf, skip_special_tokens=True)
+    # the default (the processor's: False) is the silent reply too
+    assert run_omni(url, text=question, sampling=GREEDY, video=data).text == silent.text
 
 
 def test_vllm_backends_image_input_on_the_thinker_equals_transformers(url, reference):

@@ -42,7 +42,7 @@ from PIL import Image
 from omni_tools.server import OpenAIFrontend
 from omni_tools.tiny_models import ensure_model
 from tests.qwen3_reference import load, processor_inputs, reference, thinker_reply
-from tests.video_clip import clip
+from tests.video_clip import clip, clip_soundtrack
 from tests.wav_check import STEP
 
 from .llm_io import cancel_limit, metric, wait_idle
@@ -55,6 +55,7 @@ from .omni_io import (
     omni_inputs,
     png,
     run_omni,
+    run_omni_hearing,
     tone,
     wav,
 )
@@ -228,6 +229,66 @@ def test_speech_about_a_video_equals_qwen3_omni_in_transformers(url, folder):
     result = run_omni(url, model=OMNI_MODEL, text=VIDEO_QUESTION, modalities=["text", "audio"],
                       sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="chelsie",
                       return_codec_ids=True, video=data)
+    assert result.error is None, result.error
+    assert result.text == _text(folder, want_ids)
+    assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
+    assert np.abs(result.audio - want_wave).max() < 1e-4
+
+
+# --- video with its sound (use_audio_in_video) ------------------------------------------
+
+# PCM: 3 s are a whole number of 10 ms feature frames. vLLM 0.32's Qwen3-Omni processor pads a
+# sound to whole frames where transformers drops the last part (AAC's 1024-sample frames,
+# 49152 samples, give 308 frames there and 307 here, and another reply).
+HEARD_CLIP = functools.partial(clip, fps=10, frames=30, size=(64, 64), sound="chirp",
+                               sound_codec="pcm_s16le")
+
+
+def _heard_messages(folder: str, data: bytes) -> list[dict]:
+    """_video_messages with the clip's soundtrack as its video part's audio (PyAV's samples)."""
+    messages = _video_messages(folder, data)
+    messages[0]["content"][0]["soundtrack"] = clip_soundtrack(data)
+    return messages
+
+
+def test_a_clip_heard_with_its_sound_equals_qwen3_omni_in_transformers(url, folder):
+    """use_audio_in_video: a 3 s clip with a chirp (PCM, MOV): 4 frames at 1 a second (2 x 12 x
+    12 video tokens, 2 s a grid step) and its sound's audio tokens (12.5 a second),
+    interleaved token by token by time (13 position ids a second). Its reply is
+    transformers' with the flag; without the flag the same clip's is the silent one."""
+    data = HEARD_CLIP()
+    want = thinker_reply(folder, _heard_messages(folder, data),
+                         max_new_tokens=GREEDY["max_tokens"], use_audio_in_video=True)
+    deaf = _video_reference(folder, data)[0]
+    assert want != deaf, "the soundtrack does not change transformers' reply: no test"
+    heard = run_omni_hearing(url, True, model=OMNI_MODEL, text=VIDEO_QUESTION,
+                             sampling=GREEDY, video=data)
+    assert heard.error is None, heard.error
+    assert heard.text == _text(folder, want)
+    assert heard.metrics["usage"]["completion_tokens"] == len(want)
+    silent = run_omni_hearing(url, False, model=OMNI_MODEL, text=VIDEO_QUESTION,
+                              sampling=GREEDY, video=data)
+    assert silent.error is None, silent.error
+    assert silent.text == _text(folder, deaf)
+    # a clip without sound cannot be heard: INVALID_ARG naming the flag
+    mute = run_omni_hearing(url, True, model=OMNI_MODEL, text=VIDEO_QUESTION,
+                            sampling=GREEDY, video=clip(fps=10, frames=30, size=(64, 64)))
+    assert error_code(mute.error) == "INVALID_ARG"
+    assert "use_audio_in_video: is true but the video has no audio stream" in str(mute.error)
+
+
+def test_speech_about_a_clip_heard_with_its_sound_equals_qwen3_omni_in_transformers(url, folder):
+    """The talker's positions interleave the clip's frames and sound as the thinker's do
+    (get_rope_index with use_audio_in_video and the soundtrack's feature frames)."""
+    data = HEARD_CLIP()
+    want_ids, want_codes, want_wave = reference(
+        folder, _heard_messages(folder, data), speaker="chelsie", seed=SEED,
+        max_new_tokens=GREEDY["max_tokens"], talker_max_new_tokens=GREEDY_TALKER["max_tokens"],
+        use_audio_in_video=True)
+    result = run_omni_hearing(url, True, model=OMNI_MODEL, text=VIDEO_QUESTION,
+                              modalities=["text", "audio"], sampling=GREEDY,
+                              talker_sampling=GREEDY_TALKER, seed=SEED, voice="chelsie",
+                              return_codec_ids=True, video=data)
     assert result.error is None, result.error
     assert result.text == _text(folder, want_ids)
     assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()

@@ -253,7 +253,7 @@ def test_the_request_carries_every_contract_input_with_its_dtype_and_shape():
                    LLM.MESSAGES,  # a chat instead of text_input (stream(history=...))
                    # vllm_backend's, which omni_client does not ask for
                    LLM.RETURN_CUMULATIVE_LOGPROB, LLM.RETURN_LOGPROBS, LLM.IMAGE,
-                   LLM.EMBEDDING_REQUEST, LLM.AUDIO, LLM.VIDEO}
+                   LLM.EMBEDDING_REQUEST, LLM.AUDIO, LLM.VIDEO, LLM.USE_AUDIO_IN_VIDEO}
     assert sorted(t.name() for t in inputs) == sorted(
         s.name for s in LLM_CONTRACT.inputs if s.name not in omni_extras)
     for tensor in inputs:

@@ -182,3 +182,100 @@ def test_the_stage_finds_its_familys_video_sampling_in_the_checkpoint_config():
         is QWEN3.video
     assert llm_media.video_sampling(Config(model_type="qwen2", vision_config=None)) is None
     assert llm_media.video_sampling(Config(model_type="llava", vision_config=Config())) is None
+
+
+# --- audio in video (use_audio_in_video) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def heard_video() -> bytes:
+    return clip(fps=10, frames=25, sound="tone", sound_codec="pcm_s16le")
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({}, "needs a video"),
+    ({OMNI.VIDEO: b"clip", OMNI.AUDIO: b"RIFF"}, "cannot be combined with audio"),
+])
+def test_hearing_a_clip_needs_a_video_and_no_other_sound(extra, message):
+    request = tensors(**extra)
+    request[OMNI.USE_AUDIO_IN_VIDEO] = np.array([True])
+    with pytest.raises(RequestError) as err:
+        parse_request("r", request, qwen3_config())
+    assert err.value.field == "use_audio_in_video" and message in err.value.message
+
+
+def test_a_heard_clip_goes_to_the_thinker_with_the_flag(heard_video, qwen3_prompt):
+    stages = ScriptedStages(reply_tokens=2)
+    request = tensors("what happens?", video=heard_video)
+    request[OMNI.USE_AUDIO_IN_VIDEO] = np.array([True])
+    run(qwen3_config(), stages, qwen3_prompt, request)
+    (thinker,) = stages.thinker_requests()
+    assert thinker[LLM.USE_AUDIO_IN_VIDEO].tolist() == [True]
+    assert bytes(thinker[LLM.VIDEO][0]) == heard_video
+    # the chat template renders the video's placeholder alone; vLLM's processor expands it
+    assert "<|audio_start|>" not in thinker[LLM.TEXT_INPUT][0].decode()
+
+
+@pytest.mark.parametrize("flag", [False, None])
+def test_a_clip_not_heard_sends_no_flag(heard_video, video, qwen3_prompt, flag):
+    """False, or no flag with a silent clip (no processor default to read then)."""
+    stages = ScriptedStages(reply_tokens=2)
+    request = tensors("what happens?", video=heard_video if flag is False else video)
+    if flag is not None:
+        request[OMNI.USE_AUDIO_IN_VIDEO] = np.array([flag])
+    run(qwen3_config(), stages, qwen3_prompt, request)
+    assert LLM.USE_AUDIO_IN_VIDEO not in stages.thinker_requests()[0]
+
+
+def test_hearing_a_clip_without_sound_is_refused_before_any_stage(video, qwen3_prompt):
+    stages = ScriptedStages(reply_tokens=2)
+    request = tensors("what happens?", video=video)
+    request[OMNI.USE_AUDIO_IN_VIDEO] = np.array([True])
+    with pytest.raises(RequestError) as err:
+        run(qwen3_config(), stages, qwen3_prompt, request)
+    assert err.value.field == "use_audio_in_video" and "no audio stream" in err.value.message
+    assert stages.calls == []
+
+
+def test_the_llm_stage_gives_vllm_each_clips_soundtrack_as_its_audio(heard_video):
+    request = llm_tensors(video=[heard_video])
+    request[LLM.USE_AUDIO_IN_VIDEO] = np.array([True])
+    req = parse_llm_request("r", request)
+    assert req.use_audio_in_video
+    data = asyncio.run(raw_media_data(req, "llm", 16000, QWEN3.video))
+    want = decode_video(heard_video, MediaLimits(), QWEN3.video)
+    ((samples, rate),) = data["audio"]
+    assert rate == 16000 and samples.shape == (40000,)  # 2.5 s of PCM at 16 kHz
+    np.testing.assert_array_equal(samples, want.audio)
+    np.testing.assert_array_equal(data["video"][0], want.frames)
+
+
+def test_the_llm_stage_refuses_hearing_without_a_video_or_sound(video):
+    flag = {LLM.USE_AUDIO_IN_VIDEO: np.array([True])}
+    with pytest.raises(RequestError) as err:
+        parse_llm_request("r", {**llm_tensors(), **flag})
+    assert err.value.field == "use_audio_in_video" and "needs video" in err.value.message
+    with pytest.raises(RequestError) as err:
+        parse_llm_request("r", {**llm_tensors(video=[video], audio=[b"RIFF"]), **flag})
+    assert err.value.field == "use_audio_in_video" and "cannot be combined" in err.value.message
+    req = parse_llm_request("r", {**llm_tensors(video=[video]), **flag})
+    with pytest.raises(RequestError) as err:
+        asyncio.run(raw_media_data(req, "llm", 16000, QWEN3.video))
+    assert err.value.field == "video[0]" and "has no audio stream" in err.value.message
+
+
+def test_the_talker_takes_the_flag_with_a_grid_and_the_soundtracks_lengths():
+    from omni_serve.talker.request import parse_request as parse_talker_request
+
+    base = {TALKER.THINKER_HIDDEN_STATES_FILE: np.array([b"/dev/shm/x"], dtype=np.object_),
+            TALKER.PROMPT_TOKEN_IDS: np.array([1, 2], dtype=np.int64),
+            TALKER.USE_AUDIO_IN_VIDEO: np.array([True])}
+    grid = {TALKER.VIDEO_GRID_THW: np.array([[2, 24, 24]], dtype=np.int64),
+            TALKER.VIDEO_SECOND_PER_GRID: np.array([2.0], dtype=np.float32)}
+    req = parse_talker_request("r", {**base, **grid,
+                                     TALKER.AUDIO_FEATURE_LENGTHS: np.array([300])})
+    assert req.feed.use_audio_in_video and req.feed.audio_feature_lengths.tolist() == [300]
+    for tensors_, field in ((base, "use_audio_in_video"), ({**base, **grid}, "use_audio_in_video")):
+        with pytest.raises(RequestError) as err:
+            parse_talker_request("r", tensors_)
+        assert err.value.field == field

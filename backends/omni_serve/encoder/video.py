@@ -347,6 +347,7 @@ class ClipHeader:
     fps: float  # the video stream's average frame rate
     total_frames: int
     indices: np.ndarray  # int64: the frame numbers the family's processor samples
+    has_audio: bool = False  # the file has an audio stream (a soundtrack)
 
     def grid_thw(self, sampling: VideoSampling) -> tuple[int, int, int]:
         """The processor's `video_grid_thw` of the sampled frames."""
@@ -370,7 +371,8 @@ def _header(container: Any, limits: MediaLimits, sampling: VideoSampling) -> tup
                                   f"{sampling.temporal_patch} are needed")
     return stream, ClipHeader(width=int(ctx.width), height=int(ctx.height), fps=video_fps,
                               total_frames=total,
-                              indices=sampling.frame_indices(total, video_fps))
+                              indices=sampling.frame_indices(total, video_fps),
+                              has_audio=bool(container.streams.audio))
 
 
 def probe_video(data: bytes, limits: MediaLimits, sampling: VideoSampling) -> ClipHeader:
@@ -407,3 +409,29 @@ def decode_video(data: bytes, limits: MediaLimits, sampling: VideoSampling, *,
         container.close()
     return Clip(frames=frames, indices=header.indices, fps=header.fps,
                 total_frames=header.total_frames, audio=audio, sample_rate=limits.sample_rate)
+
+
+def decode_soundtrack(data: bytes, limits: MediaLimits) -> np.ndarray:
+    """The soundtrack of the video file `data` alone (no frame decoded): float32 mono at
+    `limits.sample_rate`, the samples `decode_video` gives as `Clip.audio`. Raises
+    RequestError("video", ...) as `probe_video` does, and for a file without sound."""
+    import av
+
+    _check_size(data, limits)
+    container = _open(data)
+    try:
+        sound = _soundtrack(container, limits)
+        if sound is None:
+            raise RequestError(FIELD, "the file has no audio stream (no soundtrack to hear)")
+        try:
+            for packet in container.demux(container.streams.audio[0]):
+                for frame in packet.decode():
+                    sound.add(frame)
+        except av.error.FFmpegError as e:
+            raise _corrupt(e) from e
+        audio = sound.samples_array()
+    finally:
+        container.close()
+    if audio is None:
+        raise RequestError(FIELD, "the soundtrack holds no samples")
+    return audio

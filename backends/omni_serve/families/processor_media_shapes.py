@@ -37,9 +37,25 @@ class ProcessorMediaShapes:
             image = media_files.decode_image(data, self.limits)
             grid = self._processed(self.processor.image_token, images=[image])["image_grid_thw"]
             return {LLM.IMAGE_GRID_THW: np.asarray(grid, dtype=np.int64).reshape(1, 3)}
-        samples = media_files.decode_audio(data, self.limits)
+        return self._audio_lengths(media_files.decode_audio(data, self.limits))
+
+    def _audio_lengths(self, samples: np.ndarray) -> dict[str, np.ndarray]:
         mask = self._processed(self.processor.audio_token, audio=[samples])["feature_attention_mask"]
         return {LLM.AUDIO_FEATURE_LENGTHS: np.asarray(mask, dtype=np.int64).sum(-1).reshape(1)}
+
+    def use_audio_in_video(self) -> bool:
+        """The processor's `use_audio_in_video` default (its kwargs defaults, merged with the
+        checkpoint's processor and tokenizer settings as a call without it merges them)."""
+        merged = self.processor._merge_kwargs(self.processor.valid_processor_kwargs,
+                                              tokenizer_init_kwargs=self.processor.tokenizer.init_kwargs)
+        return bool(merged["videos_kwargs"].get("use_audio_in_video", False))
+
+    def soundtrack_lengths(self, data: bytes) -> dict[str, np.ndarray]:
+        """{audio_feature_lengths: [1]} of the video file's soundtrack, decoded as the
+        thinker decodes it (RequestError("video", ...) for a file without sound)."""
+        from omni_serve.encoder.video import decode_soundtrack
+
+        return self._audio_lengths(decode_soundtrack(data, self.limits))
 
 
 def load(folder: str) -> ProcessorMediaShapes:

@@ -46,7 +46,8 @@ class ThinkerRowsFeed:
             TALKER.SAMPLING_PARAMETERS: text_tensor(json.dumps(sampling)),
         }
         for name in (TALKER.IMAGE_GRID_THW, TALKER.AUDIO_FEATURE_LENGTHS,
-                     TALKER.VIDEO_GRID_THW, TALKER.VIDEO_SECOND_PER_GRID):
+                     TALKER.VIDEO_GRID_THW, TALKER.VIDEO_SECOND_PER_GRID,
+                     TALKER.USE_AUDIO_IN_VIDEO):
             if name in media:
                 inputs[name] = media[name]
         if voice:

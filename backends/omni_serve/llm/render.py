@@ -60,7 +60,10 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
         data |= await raw_media_data(req, stage, audio_rate, video_sampling)
     if not data:
         return await render_prompt(engine, {"prompt": req.prompt})
-    return await render_prompt(engine, {"prompt": req.prompt, "multi_modal_data": data})
+    prompt = {"prompt": req.prompt, "multi_modal_data": data}
+    if req.use_audio_in_video:  # each video's placeholder expands to its frames and sound
+        prompt["mm_processor_kwargs"] = {"use_audio_in_video": True}
+    return await render_prompt(engine, prompt)
 
 
 async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int,
@@ -68,7 +71,9 @@ async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int,
     """vLLM's `multi_modal_data` of raw media: images as they are, sound at the feature rate
     (so vLLM resamples nothing), each video as the frames its family's processor samples
     (decoded in a thread: the engine loop goes on), all of them given to the processor, so
-    it samples none itself."""
+    it samples none itself. With `use_audio_in_video`, each video's soundtrack at the feature
+    rate is the prompt's audio item of that video (vLLM's omni processors pair the n-th
+    audio with the n-th video)."""
     data: dict[str, Any] = {"image": req.images} if req.images else {}
     if req.audios:
         data["audio"] = [(samples, audio_rate)
@@ -76,5 +81,11 @@ async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int,
     if req.videos:
         if video_sampling is None:
             raise RequestError(LLM.VIDEO, f"stage {stage} serves a model that takes no video")
-        data["video"] = await asyncio.to_thread(decode_video_files, req.videos, video_sampling)
+        if req.use_audio_in_video:
+            data["video"], sounds = await asyncio.to_thread(
+                decode_video_files, req.videos, video_sampling, sample_rate=audio_rate)
+            data["audio"] = [(samples, audio_rate) for samples in sounds]
+        else:
+            data["video"] = await asyncio.to_thread(decode_video_files, req.videos,
+                                                    video_sampling)
     return data

@@ -61,6 +61,8 @@ class LLMRequest:
     # video files for a video model's own processor (decoded by the stage, which knows how
     # the model's family samples frames)
     videos: list[bytes] | None = None
+    # hear each video's soundtrack, interleaved with its frames (vLLM's mm_processor_kwargs)
+    use_audio_in_video: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ def parse_request(
             other = LLM.IMAGE_EMBEDS if name == LLM.IMAGE else LLM.AUDIO_FEATURES
             raise RequestError(name, f"send either it or {other}, not both")
 
+    use_audio_in_video = _use_audio_in_video(tensors, videos, audios, features)
+
     params = _parameters_dict(parameters)
     flags: dict[str, bool] = {}
     for flag in LLM.FLAGS:
@@ -218,7 +222,25 @@ def parse_request(
     return LLMRequest(request_id=request_id, prompt=prompt,
                       sampling={**from_params, **from_tensor}, prompt_token_ids=ids,
                       media=media, messages=messages, lora_name=lora_name, images=images,
-                      audios=audios, videos=videos, embed=embed, **flags)
+                      audios=audios, videos=videos, embed=embed,
+                      use_audio_in_video=use_audio_in_video, **flags)
+
+
+def _use_audio_in_video(tensors: dict[str, np.ndarray | None], videos: list[bytes] | None,
+                        audios: list[bytes] | None, features: np.ndarray | None) -> bool:
+    """`use_audio_in_video`: only with videos, and then without other sound (vLLM's omni
+    processors take each video's soundtrack as the prompt's audio items)."""
+    value = scalar(tensors, LLM.USE_AUDIO_IN_VIDEO)
+    if value is None or not _as_bool(LLM.USE_AUDIO_IN_VIDEO, value):
+        return False
+    if not videos:
+        raise RequestError(LLM.USE_AUDIO_IN_VIDEO, f"needs {LLM.VIDEO}: it hears a video's "
+                                                   "soundtrack")
+    if audios or features is not None:
+        raise RequestError(LLM.USE_AUDIO_IN_VIDEO, f"cannot be combined with {LLM.AUDIO} or "
+                                                   f"{LLM.AUDIO_FEATURES}: send the sound in "
+                                                   "the video")
+    return True
 
 
 # what one raw image or sound file may be (the encoder stage's defaults)
@@ -280,14 +302,26 @@ def decode_audio_files(files: list[bytes], sample_rate: int) -> list[np.ndarray]
             for i, data in enumerate(files)]
 
 
-def decode_video_files(files: list[bytes], sampling: Any) -> list[np.ndarray]:
+def decode_video_files(files: list[bytes], sampling: Any, *, sample_rate: int | None = None
+                       ) -> list[np.ndarray] | tuple[list[np.ndarray], list[np.ndarray]]:
     """Each video file's frames (uint8 [T, H, W, 3]) as the model family's processor samples
     them (`sampling`, omni_serve.encoder.video.VideoSampling), within the media limits,
-    without their sound."""
+    without their sound; with `sample_rate`, (frames, soundtracks): each file's sound as
+    float32 mono at that rate too (RequestError for a file without sound)."""
     from omni_serve.encoder.video import decode_video
 
-    return [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, limits: decode_video(
-        d, limits, sampling, soundtrack=False).frames, data) for i, data in enumerate(files)]
+    if sample_rate is None:
+        return [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, limits: decode_video(
+            d, limits, sampling, soundtrack=False).frames, data) for i, data in enumerate(files)]
+    limits = MEDIA_LIMITS.model_copy(update={"sample_rate": sample_rate})
+    clips = [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, lim: decode_video(d, lim, sampling),
+                      data, limits) for i, data in enumerate(files)]
+    for i, clip in enumerate(clips):
+        if clip.audio is None:
+            raise RequestError(f"{LLM.VIDEO}[{i}]", f"has no audio stream, which "
+                                                    f"{LLM.USE_AUDIO_IN_VIDEO} hears; send a "
+                                                    "video with sound, or that flag false")
+    return [c.frames for c in clips], [c.audio for c in clips]
 
 
 def _decoded(where: str, decode, data: bytes, limits=None):

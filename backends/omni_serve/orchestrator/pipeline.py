@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omni_serve import families
-from omni_serve.contract import DIT, ENCODER, LLM, TALKER
+from omni_serve.contract import DIT, ENCODER, LLM, OMNI, TALKER
 from omni_serve.errors import RequestError, StageFailedError, is_overloaded
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the adapter)
@@ -253,20 +253,27 @@ class OmniPipeline:
                                                        dtype=np.int64).reshape(1, 3)
         video_shapes: dict[str, np.ndarray] = {}
         if req.video is not None:  # a raw-media family's (request parsing refused others)
-            video_shapes = await asyncio.to_thread(self._check_video, req.video)
+            video_shapes, has_sound = await asyncio.to_thread(self._check_video, req.video)
             kinds.append("video")
             media[LLM.VIDEO] = np.array([req.video], dtype=np.object_)
+            if await asyncio.to_thread(self._hears_soundtrack, req, has_sound):
+                media[LLM.USE_AUDIO_IN_VIDEO] = np.array([True])
+                if req.wants_audio:  # the talker's positions interleave the sound too
+                    video_shapes[TALKER.USE_AUDIO_IN_VIDEO] = np.array([True])
+                    video_shapes.update(await asyncio.to_thread(self._soundtrack_shapes,
+                                                                req.video))
         prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
         shapes = {k: v for found in await asyncio.gather(*shape_jobs) for k, v in found.items()}
         if req.wants_audio:
             shapes.update(video_shapes)
         return media, prompt, shapes
 
-    def _check_video(self, data: bytes) -> dict[str, np.ndarray]:
+    def _check_video(self, data: bytes) -> tuple[dict[str, np.ndarray], bool]:
         """RequestError("video", ...) for a clip the thinker would refuse, from its header alone
         (the thinker decodes its frames; one cut short inside them is refused there); else
         what the talker's positions need of it: the processor's grid of the frames the
-        family samples, and the seconds a temporal grid step stands for."""
+        family samples, and the seconds a temporal grid step stands for; and whether the
+        file has sound."""
         from omni_serve.encoder.config import MediaLimits
         from omni_serve.encoder.video import probe_video
 
@@ -274,18 +281,49 @@ class OmniPipeline:
         header = probe_video(data, MediaLimits(), sampling)
         return {TALKER.VIDEO_GRID_THW: np.array([header.grid_thw(sampling)], dtype=np.int64),
                 TALKER.VIDEO_SECOND_PER_GRID: np.array([sampling.seconds_per_grid],
-                                                       dtype=np.float32)}
+                                                       dtype=np.float32)}, header.has_audio
+
+    def _hears_soundtrack(self, req: OmniRequest, has_sound: bool) -> bool:
+        """Whether the thinker hears the clip's sound: the request's use_audio_in_video, else
+        the checkpoint processor's default (then only for a clip with sound and no separate
+        audio). RequestError naming the flag for a clip without sound when it is true."""
+        if req.use_audio_in_video is None:
+            if not has_sound or req.audio is not None:
+                return False
+            reader = self._shapes_reader()
+            return reader is not None and reader.use_audio_in_video()
+        if req.use_audio_in_video and not has_sound:
+            raise RequestError(OMNI.USE_AUDIO_IN_VIDEO, "is true but the video has no audio "
+                                                        "stream to hear; send a clip with sound, "
+                                                        "or the flag false")
+        return req.use_audio_in_video
+
+    def _soundtrack_shapes(self, data: bytes) -> dict[str, np.ndarray]:
+        """{audio_feature_lengths} of the clip's soundtrack, for the talker's positions."""
+        reader = self._shapes_reader()
+        if reader is None:
+            return {}
+        shapes = reader.soundtrack_lengths(data)
+        return {TALKER.AUDIO_FEATURE_LENGTHS: shapes[LLM.AUDIO_FEATURE_LENGTHS]}
+
+    def _shapes_reader(self) -> Any:
+        """The family's raw media shapes reader (its checkpoint processor), loaded once; None
+        for a family without one."""
+        family = families.get(self.cfg.family)
+        if family.raw_media_shapes is None:
+            return None
+        if self._raw_media_shapes is None:
+            self._raw_media_shapes = families.load(family.raw_media_shapes)(self.cfg.tokenizer)
+        return self._raw_media_shapes
 
     def _raw_shapes(self, kind: str, data: bytes) -> dict[str, np.ndarray]:
         """{image_grid_thw} / {audio_feature_lengths} of a raw media file ({} for a family
         without raw media shapes)."""
-        family = families.get(self.cfg.family)
-        if family.raw_media_shapes is None:
+        reader = self._shapes_reader()
+        if reader is None:
             return {}
-        if self._raw_media_shapes is None:
-            self._raw_media_shapes = families.load(family.raw_media_shapes)(self.cfg.tokenizer)
         try:
-            return self._raw_media_shapes.shapes(kind, data)
+            return reader.shapes(kind, data)
         except RequestError as e:  # the encoder's field name: the request's is the modality
             raise RequestError(kind, e.message) from None
 

@@ -52,7 +52,9 @@ class OmniRequest:
     modalities: tuple[str, ...] = ("text",)
     image: bytes | None = None
     audio: bytes | None = None
-    video: bytes | None = None  # a video file: its frames, without its sound
+    video: bytes | None = None  # a video file: its frames, and its sound per use_audio_in_video
+    # hear the video's soundtrack (None: the checkpoint processor's default)
+    use_audio_in_video: bool | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     voice: str | None = None
     seed: int | None = None
@@ -236,6 +238,8 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         image=_media(tensors, OMNI.IMAGE, cfg, cfg.stages.image_encoder),
         audio=_media(tensors, OMNI.AUDIO, cfg, cfg.stages.audio_encoder),
         video=_media(tensors, OMNI.VIDEO, cfg, None),
+        use_audio_in_video=boolean(OMNI.USE_AUDIO_IN_VIDEO,
+                                   scalar(tensors, OMNI.USE_AUDIO_IN_VIDEO)),
         sampling=sampling,
         voice=_voice(tensors, cfg),
         seed=integer(OMNI.SEED, scalar(tensors, OMNI.SEED)),
@@ -252,6 +256,12 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         raise RequestError(OMNI.TEXT_INPUT, "is required and must not be empty (a chat turn "
                                             f"may be media alone: {OMNI.IMAGE}, {OMNI.AUDIO} "
                                             f"or {OMNI.VIDEO})")
+    if req.use_audio_in_video and req.video is None:
+        raise RequestError(OMNI.USE_AUDIO_IN_VIDEO, f"needs a {OMNI.VIDEO}: it hears the clip's "
+                                                    "soundtrack")
+    if req.use_audio_in_video and req.audio is not None:
+        raise RequestError(OMNI.USE_AUDIO_IN_VIDEO, f"cannot be combined with {OMNI.AUDIO}: "
+                                                    "the thinker hears one sound, the clip's")
     # Talker sampling and stream_audio only shape speech: without it they are
     # checked, then unused. Codec ids are an output, so asking for them needs speech.
     if req.return_codec_ids and not req.wants_audio:

@@ -13,7 +13,7 @@ import numpy as np
 
 from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
-from omni_serve.fields import scalar, text
+from omni_serve.fields import boolean, scalar, text
 from omni_serve.llm import sampling
 from omni_serve.llm.request import counts, token_ids
 
@@ -29,6 +29,8 @@ class TalkerInput:
     audio_feature_lengths: np.ndarray | None = None
     video_grid_thw: np.ndarray | None = None
     video_second_per_grid: np.ndarray | None = None
+    # the thinker heard each video's soundtrack (its frames lengths end audio_feature_lengths)
+    use_audio_in_video: bool = False
 
 
 @dataclass
@@ -78,7 +80,21 @@ def _video(tensors: dict[str, np.ndarray | None]) -> dict[str, np.ndarray | None
             raise RequestError(TALKER.VIDEO_SECOND_PER_GRID,
                                f"must be positive seconds, got {seconds.tolist()}")
         seconds = seconds.astype(np.float32)
-    return {"video_grid_thw": grid, "video_second_per_grid": seconds}
+    heard = boolean(TALKER.USE_AUDIO_IN_VIDEO, scalar(tensors, TALKER.USE_AUDIO_IN_VIDEO))
+    if heard and grid is None:
+        raise RequestError(TALKER.USE_AUDIO_IN_VIDEO, f"needs {TALKER.VIDEO_GRID_THW}: it says "
+                                                      "the thinker heard a video's soundtrack")
+    if heard and tensors.get(TALKER.AUDIO_FEATURE_LENGTHS) is None:
+        raise RequestError(TALKER.USE_AUDIO_IN_VIDEO, f"needs {TALKER.AUDIO_FEATURE_LENGTHS}: "
+                                                      "each soundtrack's feature frames")
+    if heard:
+        lengths = np.asarray(tensors[TALKER.AUDIO_FEATURE_LENGTHS]).reshape(-1)
+        if lengths.size < len(grid):
+            raise RequestError(TALKER.AUDIO_FEATURE_LENGTHS,
+                               f"must hold one length per video's soundtrack ({len(grid)} "
+                               f"videos with {TALKER.USE_AUDIO_IN_VIDEO}), got {lengths.size}")
+    return {"video_grid_thw": grid, "video_second_per_grid": seconds,
+            "use_audio_in_video": bool(heard)}
 
 
 def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],

@@ -85,9 +85,11 @@ class _RopeIndex:
         self.spatial_merge_size = config.spatial_merge_size
         self._index = base.get_rope_index.__get__(self)
         self.get_llm_pos_ids_for_vision = base.get_llm_pos_ids_for_vision.__get__(self)
+        self.get_chunked_index = base.get_chunked_index.__get__(self)  # audio in video
 
     def __call__(self, ids: list[int], grid: np.ndarray | None, audio: np.ndarray | None,
-                 video: np.ndarray | None = None, seconds: np.ndarray | None = None):
+                 video: np.ndarray | None = None, seconds: np.ndarray | None = None,
+                 audio_in_video: bool = False):
         import torch
 
         def tensor(a: np.ndarray | None):
@@ -95,7 +97,7 @@ class _RopeIndex:
 
         input_ids = torch.tensor([ids])
         pos, delta = self._index(input_ids, tensor(grid), tensor(video), torch.ones_like(input_ids),
-                                 False, tensor(audio), tensor(seconds))
+                                 audio_in_video, tensor(audio), tensor(seconds))
         return pos[:, 0].numpy().astype(np.int64), int(delta.reshape(-1)[0])
 
 
@@ -190,7 +192,8 @@ class TalkerPrompter:
         prefill[-1] += self._codec_bos
         positions, delta = self._rope([*req.prompt_token_ids, self.voice_tokens[voice], 0],
                                       req.image_grid_thw, req.audio_feature_lengths,
-                                      req.video_grid_thw, req.video_second_per_grid)
+                                      req.video_grid_thw, req.video_second_per_grid,
+                                      req.use_audio_in_video)
         cfg = self.config
         prompt = {
             "prompt_embeds": torch.from_numpy(prefill),

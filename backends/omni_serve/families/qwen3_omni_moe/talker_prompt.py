@@ -356,7 +356,8 @@ class TalkerPrompter:
         media = {"image_grid_thw": req.image_grid_thw,
                  "audio_feature_lengths": req.audio_feature_lengths,
                  "video_grid_thw": req.video_grid_thw,
-                 "video_second_per_grid": req.video_second_per_grid}
+                 "video_second_per_grid": req.video_second_per_grid,
+                 "use_audio_in_video": req.use_audio_in_video}
         codes_file = self._new_codes_file()
         embeds_ = self.prompt_from_rows(ids, embeds, hidden, voice)
         return self._engine_prompt(embeds_, ids, codes_file, req.source, media)
