@@ -38,6 +38,9 @@ class StreamOptions(TypedDict, total=False):
             bytes, a PIL image / numpy samples (give `audio_sample_rate`).
         video: a video (omni pipelines whose thinker takes one): a path or
             the container file's bytes (MP4, MOV, MKV, WebM, AVI, ...).
+        use_audio_in_video: with `video`, True hears its soundtrack interleaved
+            with its frames, False sees the frames alone (default, None: the
+            checkpoint processor's default, False for the Qwen omni models).
         modalities: outputs wanted, e.g. ["text", "audio"] (omni pipelines).
         sampling_parameters: vLLM SamplingParams fields for the LLM;
             `max_tokens` and `temperature` override the same keys.
@@ -64,6 +67,7 @@ class StreamOptions(TypedDict, total=False):
     image: ImageInput | None
     audio: AudioInput | None
     video: VideoInput | None
+    use_audio_in_video: bool | None
     audio_sample_rate: int | None
     modalities: Sequence[str] | None
     sampling_parameters: Mapping[str, Any] | None

@@ -91,7 +91,8 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
                    history: Sequence[Mapping[str, str]] | None = None,
                    talker_sampling: Mapping[str, Any] | None = None,
                    stream_audio: bool | None = None, return_codec_ids: bool = False,
-                   inputs: Mapping[str, Any] | None = None) -> Prepared:
+                   inputs: Mapping[str, Any] | None = None,
+                   use_audio_in_video: bool | None = None) -> Prepared:
     """The request `stream()` sends to `model` (whose Triton config is `config`).
 
     Raises:
@@ -106,6 +107,7 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
             text, modalities=modalities, sampling_parameters=sampling, voice=voice, seed=seed,
             task=task, session_id=session_id, history=history, talker_sampling=talker_sampling,
             stream_audio=stream_audio, return_codec_ids=return_codec_ids, extra=inputs,
+            use_audio_in_video=use_audio_in_video,
             image=None if image is None else image_bytes(image),
             audio=None if audio is None else audio_bytes(audio, sample_rate=audio_sample_rate),
             video=None if video is None else video_bytes(video))
@@ -114,7 +116,8 @@ def prepare_stream(model: str, config: Mapping[str, Any], text: str, *,
     extras = {"image": image, "audio": audio, "video": video, "voice": voice, "task": task, "inputs": inputs,
               "session_id": session_id,
               "talker_sampling": talker_sampling or None, "stream_audio": stream_audio,
-              "return_codec_ids": return_codec_ids or None}
+              "return_codec_ids": return_codec_ids or None,
+              "use_audio_in_video": use_audio_in_video}
     if kind == "llm":
         _refuse(model, kind, {**extras, "seed": seed}, modalities, allowed=("text",))
         deltas: list[TextDelta] = []

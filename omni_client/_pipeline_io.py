@@ -79,13 +79,15 @@ def omni_inputs(
     stream_audio: bool | None = None,
     return_codec_ids: bool = False,
     extra: Mapping[str, Any] | None = None,
+    use_audio_in_video: bool | None = None,
 ) -> list[grpcclient.InferInput]:
     """Input tensors of one request to an omni orchestrator.
 
     `talker_sampling` goes out as `talker_sampling_parameters` (JSON; None or
-    empty: the checkpoint's defaults), `stream_audio` only when given, and
-    `return_codec_ids` only when true. `extra` adds inputs of the contract by
-    name (e.g. a pipeline's session id), unknown names being a BadRequestError.
+    empty: the checkpoint's defaults), `stream_audio` and `use_audio_in_video`
+    only when given, and `return_codec_ids` only when true. `extra` adds inputs
+    of the contract by name (e.g. a pipeline's session id), unknown names being
+    a BadRequestError.
 
     Raises:
         BadRequestError: `text` is not a str, modalities is a bare string,
@@ -113,6 +115,7 @@ def omni_inputs(
         OMNI.TALKER_SAMPLING_PARAMETERS: None if not talker_sampling
         else _talker_sampling_json(talker_sampling),
         OMNI.STREAM_AUDIO: _flag("stream_audio", stream_audio),
+        OMNI.USE_AUDIO_IN_VIDEO: _flag("use_audio_in_video", use_audio_in_video),
         OMNI.RETURN_CODEC_IDS: True if _flag("return_codec_ids", return_codec_ids) else None,
     }
     known = {spec.name for spec in OMNI_CONTRACT.inputs}

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--image", metavar="PATH", help="an image to send with the message")
     chat.add_argument("--audio", metavar="PATH", help="an audio file (WAV, FLAC, OGG) to send")
     chat.add_argument("--video", metavar="PATH", help="a video file (MP4, MOV, MKV, WebM, AVI) to send")
+    chat.add_argument("--use-audio-in-video", action=argparse.BooleanOptionalAction, default=None,
+                      help="with --video: hear its soundtrack with its frames (default: the "
+                           "checkpoint's processor default, off for the Qwen omni models)")
     chat.add_argument("--audio-out", metavar="PATH",
                       help="also speak the reply and write it here (.wav, .flac or .pcm)")
     chat.add_argument("--image-out", metavar="PATH", help="also generate an image and write it here")
@@ -254,7 +257,7 @@ def run_chat(client: OmniClient, args: argparse.Namespace, out: TextIO, err: Tex
     audio_s = 0.0
     events: list[Event] = []
     stream = client.stream(args.text, model=args.model, image=args.image, audio=args.audio,
-                           video=args.video,
+                           video=args.video, use_audio_in_video=args.use_audio_in_video,
                            modalities=modalities, max_tokens=args.max_tokens,
                            temperature=args.temperature, voice=args.voice, seed=args.seed)
     try:

@@ -190,7 +190,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0,
             inputs = _omni_context(body)
             events = front.client.stream(
                 turn.text, model=info.name, image=turn.image, audio=turn.audio,
-                video=turn.video,
+                video=turn.video, use_audio_in_video=body.use_audio_in_video(),
                 modalities=["text", "audio"] if audio else ["text"],
                 sampling_parameters=body.sampling_parameters(),
                 voice=body.audio.voice if audio else None, seed=body.seed,
@@ -200,7 +200,7 @@ def create_app(triton_url: str, *, timeout_s: float | None = 120.0,
                 raise p.OpenAIError(400, f"model {info.name!r} produces text only; use an omni "
                                          "pipeline for audio", param="modalities")
             turn = p.user_turn(body.messages)
-            if turn.has_media:
+            if turn.has_media or body.use_audio_in_video():
                 raise p.OpenAIError(400, "this model reads text only; send images, audio and "
                                          "video to an omni pipeline", param="messages")
             # the chat, rendered by the model's chat template in the llm stage

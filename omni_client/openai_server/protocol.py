@@ -135,6 +135,22 @@ class ChatRequest(_Body):
     talker_sampling_parameters: dict[str, Any] | None = None
     stream_audio: bool | None = None
     return_codec_ids: bool = False
+    # vLLM's OpenAI server's per-request processor options: use_audio_in_video
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+    def use_audio_in_video(self) -> bool | None:
+        """`mm_processor_kwargs.use_audio_in_video` (None: not sent); other keys are a 400."""
+        kwargs = self.mm_processor_kwargs or {}
+        for key in kwargs:
+            if key != "use_audio_in_video":
+                raise OpenAIError(400, f"unsupported processor option {key!r}; this server "
+                                       "takes use_audio_in_video",
+                                  param=f"mm_processor_kwargs.{key}")
+        value = kwargs.get("use_audio_in_video")
+        if value is not None and not isinstance(value, bool):
+            raise OpenAIError(400, f"must be true or false, got {value!r}",
+                              param="mm_processor_kwargs.use_audio_in_video")
+        return value
 
     def sampling_parameters(self) -> dict[str, Any]:
         """vLLM SamplingParams fields of this request."""

@@ -128,3 +128,32 @@ def test_cli_chat_video_sends_the_path_to_the_sdk(fake_client, tmp_path):  # noq
     (name, args, kwargs), = client.calls
     assert (name, args) == ("stream", ("what happens?",))
     assert kwargs["video"] == str(path) and kwargs["image"] is None
+
+
+# --- use_audio_in_video ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_use_audio_in_video_is_a_bool_element_sent_only_when_given(flag):
+    prepared = _calls.prepare_stream("omni", OMNI_CONFIG, "hi", video=CLIP,
+                                     use_audio_in_video=flag)
+    (tensor,) = [t for t in prepared.inputs if t.name() == OMNI.USE_AUDIO_IN_VIDEO]
+    assert tensor.datatype() == OMNI_CONTRACT.input(OMNI.USE_AUDIO_IN_VIDEO).wire_dtype == "BOOL"
+    assert tensor_values(prepared.inputs)[OMNI.USE_AUDIO_IN_VIDEO].tolist() == [flag]
+    assert OMNI.USE_AUDIO_IN_VIDEO not in {t.name() for t in pio.omni_inputs("hi", video=CLIP)}
+    with pytest.raises(BadRequestError, match="is a llm model: it takes no use_audio_in_video"):
+        _calls.prepare_stream("m", LLM_CONFIG, "hi", use_audio_in_video=flag)
+
+
+@pytest.mark.parametrize("args,flag", [(["--use-audio-in-video"], True),
+                                       (["--no-use-audio-in-video"], False), ([], None)])
+def test_cli_use_audio_in_video_goes_to_the_sdk(fake_client, tmp_path, args, flag):  # noqa: F811
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(CLIP)
+
+    code, _, _ = run_cli("chat", "what happens?", "--video", str(path), *args)
+
+    assert code == 0
+    (client,) = fake_client.instances
+    (_, _, kwargs), = client.calls
+    assert kwargs["use_audio_in_video"] is flag

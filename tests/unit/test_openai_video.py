@@ -112,6 +112,35 @@ def test_a_text_only_model_refuses_a_video():
     assert front.client.calls == []
 
 
+# --- use_audio_in_video (vLLM's mm_processor_kwargs) ------------------------------------------
+
+
+def chat_with(client: TestClient, kwargs, model: str = "omni"):
+    content = [{"type": "text", "text": "what happens?"}, video_part(data_url())]
+    return client.post("/v1/chat/completions", json={
+        "model": model, "messages": [{"role": "user", "content": content}],
+        "mm_processor_kwargs": kwargs})
+
+
+@pytest.mark.parametrize("kwargs,flag", [({"use_audio_in_video": True}, True),
+                                         ({"use_audio_in_video": False}, False),
+                                         ({}, None), (None, None)])
+def test_mm_processor_kwargs_use_audio_in_video_goes_to_the_omni_model(kwargs, flag):
+    client, front = serve()
+    assert chat_with(client, kwargs).status_code == 200
+    assert front.client.calls[0]["use_audio_in_video"] is flag
+
+
+@pytest.mark.parametrize("kwargs,param,fragment", [
+    ({"use_audio_in_video": "yes"}, "mm_processor_kwargs.use_audio_in_video", "true or false"),
+    ({"fps": 4}, "mm_processor_kwargs.fps", "unsupported processor option 'fps'"),
+])
+def test_bad_mm_processor_kwargs_are_400s_naming_the_key(kwargs, param, fragment):
+    client, front = serve()
+    assert_400(chat_with(client, kwargs), param, fragment)
+    assert front.client.calls == []
+
+
 # --- file:// URLs ----------------------------------------------------------------------------
 
 
