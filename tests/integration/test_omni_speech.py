@@ -26,7 +26,7 @@ from PIL import Image
 from omni_serve.orchestrator.config import OrchestratorConfig
 from tests.video_clip import clip, clip_frames
 
-from .omni_io import error_code, png, run_omni, tone, wav
+from .omni_io import error_code, png, run_omni, run_omni_hearing, tone, wav
 from .servers import loaded
 
 pytestmark = pytest.mark.integration
@@ -194,6 +194,19 @@ def test_speech_about_a_video_equals_qwen25_omni_in_transformers(url, reference,
     assert whole.codec_ids == want_codes
     assert whole.audio.shape == want_wave.shape
     assert np.abs(whole.audio - want_wave).max() < 1e-4
+
+
+def test_speech_about_a_clip_it_hears_is_refused_naming_the_flag(url):
+    """Qwen2.5-Omni's served talker does not yet follow transformers on a clip heard with
+    its sound (it stops when the thinker's reply does): refused, and the next request goes on."""
+    data = clip(fps=10, frames=30, size=(64, 64), sound="chirp")
+    refused = run_omni_hearing(url, True, text="what do you hear?", modalities=["text", "audio"],
+                               sampling=THINKER, video=data)
+    assert error_code(refused.error) == "INVALID_ARG"
+    assert "use_audio_in_video: this talker (Qwen2.5-Omni) does not speak about a clip it hears" \
+        in str(refused.error)
+    ok = _served(url, "tell me what happens", "Chelsie", stream_audio=False, video=data)
+    assert ok.error is None and ok.codec_ids
 
 
 def test_the_voices_sound_different(url):

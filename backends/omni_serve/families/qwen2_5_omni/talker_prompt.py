@@ -177,6 +177,13 @@ class TalkerPrompter:
         import torch
 
         voice = self.voice(req.voice)
+        if req.use_audio_in_video:
+            # its positions match transformers', but the served talker stops when the
+            # thinker's reply does, where transformers' speaks on: refused, not misspoken
+            raise RequestError(TALKER.USE_AUDIO_IN_VIDEO, "this talker (Qwen2.5-Omni) does not "
+                                                          "speak about a clip it hears yet: ask "
+                                                          "for text only, or use_audio_in_video "
+                                                          "false")
         if not talker_engine.valid_source(req.source):
             raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                "must be a hidden-state file a thinker stage on this host handed "
