@@ -100,6 +100,10 @@ MODEL_CACHE = EnvVar(
     "OMNI_MODEL_CACHE", "~/.cache/omni-triton/models",
     "Where the tiny models of the embedded defaults are built",
     "omni-gen-repo, the tests (omni_tools.model_cache)")
+TEST_DEVICE = EnvVar(
+    "OMNI_TEST_DEVICE", "cpu",
+    "`cpu` or `gpu`: where the integration tests serve their repositories (tools/gpu_smoke.sh "
+    "sets gpu)", "the integration tests (tests/integration/servers.py)")
 VLLM_OMNI_SHIM = EnvVar(
     "OMNI_VLLM_OMNI_SHIM", None,
     "Set by the vLLM-Omni comparison benchmark: the folder of its CPU shim",

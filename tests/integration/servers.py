@@ -9,7 +9,6 @@ model leaves it serving again with `restoring`.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -21,11 +20,12 @@ from pathlib import Path
 import psutil
 import tritonclient.grpc as grpcclient
 
+from omni_serve import env
 from omni_tools.server import TritonServer
 
 # OMNI_TEST_DEVICE=gpu serves every repository of the integration tests on the GPU
 # (`omni-gen-repo --device gpu`, tools/gpu_smoke.sh); cpu, the default, as the specs say.
-TEST_DEVICE = os.environ.get("OMNI_TEST_DEVICE", "cpu").strip().lower() or "cpu"
+TEST_DEVICE = env.TEST_DEVICE.get().strip().lower() or "cpu"
 
 
 def device_args() -> list[str]:
