@@ -17,24 +17,9 @@ from omni_tools.triton_versions import (
     parse_triton_version,
     servers_sent_shared_memory,
 )
+from tests.unit.specs.test_shared_memory_spec import split
 
 OLD, NEW = parse_triton_version("2.51"), parse_triton_version("26.07")
-
-
-def split(tmp_path, **engine_server) -> dict:
-    lm = tmp_path / "lm"
-    lm.mkdir(exist_ok=True)
-    (lm / "config.json").write_text("{}")
-    return {
-        "pipeline": "shm-test",
-        "servers": {"front": {}, "engine": {"grpc_url": "127.0.0.1:9001", **engine_server}},
-        "stages": {
-            "llm": {"backend": "omni_llm", "model": str(lm), "server": "engine"},
-            "omni": {"backend": "omni_orchestrator", "server": "front",
-                     "engine_args": {"stages": {"thinker": "llm"}}},
-        },
-        "entry": "omni",
-    }
 
 
 def spec_of(tmp_path, **engine_server):
