@@ -16,7 +16,7 @@ import pytest
 
 from omni_serve import families
 from omni_serve.contract import LLM, OMNI, TALKER
-from omni_serve.encoder.config import MediaLimits
+from omni_serve.encoder.config import MediaLimits, VideoLimits
 from omni_serve.encoder.video import decode_video
 from omni_serve.errors import RequestError
 from omni_serve.llm import media as llm_media
@@ -34,6 +34,13 @@ QWEN3 = families.get("qwen3_omni_moe")
 @pytest.fixture(scope="module")
 def video() -> bytes:
     return clip(fps=10, frames=25)  # 2.5 s: 4 frames at Qwen3-Omni's 1 frame a second
+
+
+@pytest.fixture(scope="module")
+def long_clip() -> bytes:
+    """125 s: over the default max_video_seconds (120)."""
+    assert MediaLimits().max_video_seconds == 120
+    return clip(fps=1, frames=125)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +77,7 @@ def test_a_video_goes_to_a_raw_media_thinker_as_its_file_with_the_templates_plac
     assert prompt.index("<|video_pad|>") < prompt.index("what happens?")
 
 
-def test_a_bad_clip_is_refused_naming_video_before_any_stage_runs(qwen3_prompt):
+def test_a_bad_clip_is_refused_naming_video_before_any_stage_runs(qwen3_prompt, long_clip):
     cfg = qwen3_config()
     stages = ScriptedStages(reply_tokens=2)
     garbage = np.random.default_rng(0).bytes(5000)
@@ -78,10 +85,8 @@ def test_a_bad_clip_is_refused_naming_video_before_any_stage_runs(qwen3_prompt):
         run(cfg, stages, qwen3_prompt, tensors(video=garbage))
     assert err.value.field == "video" and "not a decodable video file" in err.value.message
     assert stages.calls == []
-    limits = MediaLimits()
-    assert limits.max_video_seconds < 3000  # a clip over the limit, from its header alone
-    with pytest.raises(RequestError, match=r"video: .*at most"):
-        run(cfg, stages, qwen3_prompt, tensors(video=clip(fps=1, frames=int(limits.max_video_seconds) + 5)))
+    with pytest.raises(RequestError, match=r"video: .*at most 120 s .*\(max_video_seconds\)"):
+        run(cfg, stages, qwen3_prompt, tensors(video=long_clip))  # from its header alone
     assert stages.calls == []
 
 
@@ -106,14 +111,47 @@ def test_speech_about_a_video_gives_the_talker_its_grid_and_seconds_a_grid_step(
 
 @pytest.mark.parametrize("extra,message", [
     ({OMNI.VIDEO: b""}, "is empty"),
-    ({OMNI.VIDEO: b"x" * 2000}, "is 2000 bytes; at most 1000 are allowed"),
+    ({OMNI.VIDEO: b"x" * 2000}, "is 2000 bytes; at most 1000 are allowed (max_video_bytes)"),
 ])
 def test_bad_video_requests_name_video(extra, message):
-    cfg = config(family="qwen3_omni_moe", max_media_bytes=1000,
+    cfg = config(family="qwen3_omni_moe", video_limits={"max_video_bytes": 1000},
                  stages={"thinker": "llm", "talker": "talker", "audio_decoder": "dec"})
     with pytest.raises(RequestError) as err:
         parse_request("r", tensors(**extra), cfg)
     assert err.value.field == "video" and message in err.value.message
+
+
+def test_a_clips_size_is_limited_by_max_video_bytes_not_max_media_bytes():
+    cfg = config(family="qwen3_omni_moe", max_media_bytes=1000, stages={"thinker": "llm"})
+    assert parse_request("r", tensors(video=b"x" * 2000), cfg).video == b"x" * 2000
+    with pytest.raises(RequestError) as err:
+        parse_request("r", tensors(audio=b"x" * 2000), cfg)
+    assert err.value.field == "audio" and "at most 1000 are allowed (max_media_bytes)" in \
+        err.value.message
+
+
+@pytest.mark.parametrize("limits,message", [
+    ({"max_video_seconds": 2}, "video is 2.50 s long; at most 2 s are accepted (max_video_seconds)"),
+    ({"max_video_frames": 20}, "has 25 frames; at most 20 frames are accepted (max_video_frames)"),
+    ({"max_video_pixels": 64 * 64 - 1}, "64x64 = 4096 pixels; the limit is 4095 pixels a frame "
+                                        "(max_video_pixels)"),
+])
+def test_the_orchestrator_enforces_its_configured_video_limits(video, qwen3_prompt, limits,
+                                                                message):
+    """The 2.5 s, 25-frame, 64x64 clip is within the defaults; each configured limit under it
+    refuses it from its header, naming the limit, before any stage runs."""
+    stages = ScriptedStages(reply_tokens=2)
+    with pytest.raises(RequestError) as err:
+        run(qwen3_config(video_limits=limits), stages, qwen3_prompt, tensors(video=video))
+    assert err.value.field == "video" and message in err.value.message
+    assert stages.calls == []
+
+
+def test_a_raised_video_limit_lets_a_clip_over_the_default_through(long_clip, qwen3_prompt):
+    stages = ScriptedStages(reply_tokens=2)
+    run(qwen3_config(video_limits={"max_video_seconds": 200}), stages, qwen3_prompt,
+        tensors(video=long_clip))
+    assert [m for m, _ in stages.calls] == ["llm"]
 
 
 def test_a_family_whose_thinker_takes_no_raw_video_refuses_it():
@@ -172,6 +210,22 @@ def test_a_bad_clip_at_the_llm_stage_names_its_element(video):
     assert err.value.field == "video[1]" and "not a decodable video file" in err.value.message
     with pytest.raises(RequestError, match="stage llm serves a model that takes no video"):
         asyncio.run(raw_media_data(req, "llm", 16000, None))
+
+
+def test_the_llm_stage_decodes_within_its_configured_video_limits(video, heard_video, long_clip):
+    limits = VideoLimits(max_video_frames=20)
+    for clip_, flag in ((video, False), (heard_video, True)):  # frames alone, and with sound
+        request = llm_tensors(video=[clip_])
+        request[LLM.USE_AUDIO_IN_VIDEO] = np.array([flag])
+        req = parse_llm_request("r", request)
+        with pytest.raises(RequestError) as err:
+            asyncio.run(raw_media_data(req, "llm", 16000, QWEN3.video, limits))
+        assert err.value.field == "video[0]"
+        assert "25 frames; at most 20 frames are accepted (max_video_frames)" in err.value.message
+    req = parse_llm_request("r", llm_tensors(video=[long_clip]))  # over the default 120 s
+    raised = VideoLimits(max_video_seconds=200)
+    (frames,) = asyncio.run(raw_media_data(req, "llm", 16000, QWEN3.video, raised))["video"]
+    assert frames.shape[0] == QWEN3.video.sampled_count(125, 1.0)
 
 
 def test_the_stage_finds_its_familys_video_sampling_in_the_checkpoint_config():

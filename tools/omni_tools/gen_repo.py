@@ -7,6 +7,7 @@ Flow: spec YAML -> `PipelineSpec` (omni_tools.spec) -> per stage a
 
     OUT/<stage>/config.pbtxt     Triton model config (text-format protobuf)
     OUT/<stage>/engine.json      {"model": <absolute checkpoint dir>, **engine_args}
+                                 (+ the spec's video_limits where a stage checks clips)
     OUT/<stage>/1/               version folder (the backend's model.py is not copied)
     OUT/.omni-gen-repo.json      manifest: which entries this tool owns
 
@@ -41,11 +42,13 @@ from omni_serve.contract import (
     ENV_PARAMETER_PREFIX,
     MAX_QUEUED_ARG,
 )
+from omni_serve.encoder.config import VIDEO_LIMITS_KEY
 
 from . import checkpoint, deploy
 from .devices import DEVICES, on_gpu
 from .spec import (
     SPECS_DIR,
+    VIDEO_CHECKING_BACKENDS,
     InstancesSpec,
     PipelineSpec,
     SpecError,
@@ -289,6 +292,8 @@ def plan(spec: PipelineSpec, *, resolve_models: bool = True, check_paths: bool =
             if stage.backend in ("omni_llm", "omni_talker") and stage.queue \
                     and stage.queue.max_queue_size:
                 engine[MAX_QUEUED_ARG] = stage.queue.max_queue_size
+        if spec.video_limits is not None and stage.backend in VIDEO_CHECKING_BACKENDS:
+            engine[VIDEO_LIMITS_KEY] = spec.video_limits.model_dump()
         # the stage's own config class is the one validator, for --check as for generation
         _check_stage_config(spec, name, stage.backend, engine)
         plans.append(StagePlan(name, _config_for(spec, name, stage, triton_version), engine))

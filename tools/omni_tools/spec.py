@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from omni_serve.contract import CONTRACTS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
+from omni_serve.encoder.config import VIDEO_LIMITS_KEY, VideoLimits
 
 # The orchestrator's roles: its own config is the one place their rules live.
 from omni_serve.orchestrator.config import (
@@ -68,6 +69,11 @@ ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 MODEL_IN_ENGINE_ARGS = "not allowed here: the checkpoint comes from the stage's `model` key"
 TALKER_IS_A_BACKEND = ("not an omni_llm setting any more: a talker is a stage of its own; "
                        "write `backend: omni_talker` and drop `talker: true`")
+VIDEO_LIMITS_AT_TOP = (f"not a stage setting: set the video limits once, in the spec's top-level "
+                       f"`{VIDEO_LIMITS_KEY}` (omni-gen-repo writes them to every stage that "
+                       "checks a clip)")
+# The stages that check a clip: each gets the spec's video_limits in its engine.json.
+VIDEO_CHECKING_BACKENDS = frozenset({"omni_orchestrator", "omni_llm"})
 SPECS_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "specs"
 
 
@@ -328,6 +334,9 @@ class StageSpec(_Strict):
             if key in removed:
                 problems.append(((key,), removed[key]))
                 continue
+            if key == VIDEO_LIMITS_KEY:
+                problems.append(((key,), VIDEO_LIMITS_AT_TOP))
+                continue
             if key == "talker" and backend == "omni_llm":
                 problems.append(((key,), TALKER_IS_A_BACKEND))
                 continue
@@ -462,6 +471,10 @@ class PipelineSpec(_Strict):
     servers: dict[StageName, ServerSpec] = Field(default_factory=dict)
     stages: dict[StageName, StageSpec]
     entry: str | None = None
+    # Limits on one video clip (omni_serve.encoder.config.VideoLimits), set once here:
+    # omni-gen-repo writes them to the engine.json of every stage that checks a clip (each
+    # orchestrator's probe, each omni_llm's decode); unset, those stages keep the defaults.
+    video_limits: VideoLimits | None = None
 
     def server_of(self, stage: str) -> str:
         return self.stages[stage].server or DEFAULT_SERVER

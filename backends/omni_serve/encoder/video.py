@@ -152,7 +152,7 @@ def _check_size(data: Any, limits: MediaLimits) -> None:
         raise RequestError(FIELD, f"empty video: send the bytes of a video file ({VIDEO_FORMATS})")
     if len(data) > limits.max_video_bytes:
         raise RequestError(FIELD, f"video is {len(data)} bytes; at most {limits.max_video_bytes} "
-                                  f"bytes are accepted")
+                                  f"bytes are accepted (max_video_bytes)")
 
 
 def _open(data: bytes) -> Any:
@@ -192,7 +192,8 @@ def _check_frame_size(width: int, height: int, limits: MediaLimits) -> None:
                                   f"send a complete video file")
     if width * height > limits.max_video_pixels:
         raise RequestError(FIELD, f"video frames are {width}x{height} = {width * height} pixels; "
-                                  f"the limit is {limits.max_video_pixels} pixels a frame")
+                                  f"the limit is {limits.max_video_pixels} pixels a frame "
+                                  f"(max_video_pixels)")
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         raise RequestError(FIELD, f"video frames are {width}x{height}; the long side may be at "
                                   f"most {MAX_ASPECT_RATIO}x the short side")
@@ -215,13 +216,13 @@ def _header_seconds(container: Any) -> float:
 def _check_seconds(seconds: float, limits: MediaLimits) -> None:
     if seconds > limits.max_video_seconds:
         raise RequestError(FIELD, f"video is {seconds:.2f} s long; at most "
-                                  f"{limits.max_video_seconds:g} s are accepted")
+                                  f"{limits.max_video_seconds:g} s are accepted (max_video_seconds)")
 
 
 def _check_frame_count(frames: int, limits: MediaLimits) -> None:
     if frames > limits.max_video_frames:
         raise RequestError(FIELD, f"the video stream has {frames} frames; at most "
-                                  f"{limits.max_video_frames} frames are accepted")
+                                  f"{limits.max_video_frames} frames are accepted (max_video_frames)")
 
 
 def _count_packets(container: Any, stream: Any, limits: MediaLimits) -> int:
@@ -270,7 +271,7 @@ class _Soundtrack:
         if self.samples > self.most:
             raise RequestError(FIELD, f"the soundtrack is over {self.samples / self.rate:.2f} s "
                                       f"long; at most {self.limits.max_video_seconds:g} s are "
-                                      f"accepted")
+                                      f"accepted (max_video_seconds)")
 
     def samples_array(self) -> np.ndarray | None:
         self.add(None)  # flush the resampler

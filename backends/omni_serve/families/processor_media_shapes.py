@@ -16,16 +16,17 @@ import numpy as np
 
 from omni_serve.contract import LLM
 from omni_serve.encoder import media as media_files
-from omni_serve.encoder.config import MediaLimits
+from omni_serve.encoder.config import MediaLimits, VideoLimits
 
 
 class ProcessorMediaShapes:
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, video_limits: VideoLimits | None = None):
         from transformers import AutoProcessor
 
         self.processor = AutoProcessor.from_pretrained(folder)
         rate = int(getattr(self.processor.feature_extractor, "sampling_rate", 16000))
-        self.limits = MediaLimits(sample_rate=rate)
+        # a clip's soundtrack within the pipeline's video limits, as the thinker reads it
+        self.limits = MediaLimits(sample_rate=rate).with_video(video_limits)
 
     def _processed(self, token: str, **media: Any) -> Any:
         return self.processor(text=token, return_tensors="np", **media)
@@ -58,5 +59,5 @@ class ProcessorMediaShapes:
         return self._audio_lengths(decode_soundtrack(data, self.limits))
 
 
-def load(folder: str) -> ProcessorMediaShapes:
-    return ProcessorMediaShapes(folder)
+def load(folder: str, video_limits: VideoLimits | None = None) -> ProcessorMediaShapes:
+    return ProcessorMediaShapes(folder, video_limits)

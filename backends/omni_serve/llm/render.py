@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 from omni_serve.contract import LLM
+from omni_serve.encoder.config import VideoLimits
 from omni_serve.errors import RequestError
 from omni_serve.llm.media import MediaShapes, multi_modal_data
 from omni_serve.llm.request import LLMRequest, decode_audio_files, decode_video_files
@@ -39,11 +40,13 @@ async def render_chat(engine: Any, messages: list[dict]) -> Any:
 
 
 async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes,
-                         stage: str, audio_rate: int = 16000, video_sampling: Any = None) -> Any:
+                         stage: str, audio_rate: int = 16000, video_sampling: Any = None,
+                         video_limits: VideoLimits | None = None) -> Any:
     """The engine input of a (non-talker) request.
 
     `video_sampling`: how the model's family samples a clip's frames (VideoSampling; None
-    for a model that takes no video)."""
+    for a model that takes no video); `video_limits`: the stage's limits on a clip (None:
+    the defaults)."""
     if req.prompt_token_ids is not None:
         vocab = engine.model_config.get_vocab_size()
         if max(req.prompt_token_ids) >= vocab:
@@ -57,7 +60,7 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
     if req.media is not None:  # what encoder stages computed (embeddings, features)
         data = multi_modal_data(req.media, req.prompt, media_shapes, stage)
     if req.images or req.audios or req.videos:  # raw media: the model's own processor takes them
-        data |= await raw_media_data(req, stage, audio_rate, video_sampling)
+        data |= await raw_media_data(req, stage, audio_rate, video_sampling, video_limits)
     if not data:
         return await render_prompt(engine, {"prompt": req.prompt})
     prompt = {"prompt": req.prompt, "multi_modal_data": data}
@@ -66,8 +69,8 @@ async def render_request(engine: Any, req: LLMRequest, media_shapes: MediaShapes
     return await render_prompt(engine, prompt)
 
 
-async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int,
-                         video_sampling: Any) -> dict[str, Any]:
+async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int, video_sampling: Any,
+                         video_limits: VideoLimits | None = None) -> dict[str, Any]:
     """vLLM's `multi_modal_data` of raw media: images as they are, sound at the feature rate
     (so vLLM resamples nothing), each video as the frames its family's processor samples
     (decoded in a thread: the engine loop goes on), all of them given to the processor, so
@@ -83,9 +86,10 @@ async def raw_media_data(req: LLMRequest, stage: str, audio_rate: int,
             raise RequestError(LLM.VIDEO, f"stage {stage} serves a model that takes no video")
         if req.use_audio_in_video:
             data["video"], sounds = await asyncio.to_thread(
-                decode_video_files, req.videos, video_sampling, sample_rate=audio_rate)
+                decode_video_files, req.videos, video_sampling, sample_rate=audio_rate,
+                video_limits=video_limits)
             data["audio"] = [(samples, audio_rate) for samples in sounds]
         else:
             data["video"] = await asyncio.to_thread(decode_video_files, req.videos,
-                                                    video_sampling)
+                                                    video_sampling, video_limits=video_limits)
     return data

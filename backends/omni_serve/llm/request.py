@@ -14,7 +14,7 @@ import numpy as np
 
 from omni_serve.contract import LLM
 from omni_serve.encoder import media as media_files
-from omni_serve.encoder.config import MediaLimits
+from omni_serve.encoder.config import MediaLimits, VideoLimits
 from omni_serve.errors import RequestError, VerbatimRequestError
 from omni_serve.fields import ChatRules, json_chat, scalar, text
 from omni_serve.llm import sampling
@@ -302,18 +302,22 @@ def decode_audio_files(files: list[bytes], sample_rate: int) -> list[np.ndarray]
             for i, data in enumerate(files)]
 
 
-def decode_video_files(files: list[bytes], sampling: Any, *, sample_rate: int | None = None
+def decode_video_files(files: list[bytes], sampling: Any, *, sample_rate: int | None = None,
+                       video_limits: VideoLimits | None = None
                        ) -> list[np.ndarray] | tuple[list[np.ndarray], list[np.ndarray]]:
     """Each video file's frames (uint8 [T, H, W, 3]) as the model family's processor samples
-    them (`sampling`, omni_serve.encoder.video.VideoSampling), within the media limits,
-    without their sound; with `sample_rate`, (frames, soundtracks): each file's sound as
-    float32 mono at that rate too (RequestError for a file without sound)."""
+    them (`sampling`, omni_serve.encoder.video.VideoSampling), within `video_limits` (the
+    stage's; None: the defaults), without their sound; with `sample_rate`, (frames,
+    soundtracks): each file's sound as float32 mono at that rate too (RequestError for a file
+    without sound)."""
     from omni_serve.encoder.video import decode_video
 
+    limits = MEDIA_LIMITS.with_video(video_limits)
     if sample_rate is None:
-        return [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, limits: decode_video(
-            d, limits, sampling, soundtrack=False).frames, data) for i, data in enumerate(files)]
-    limits = MEDIA_LIMITS.model_copy(update={"sample_rate": sample_rate})
+        return [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, lim: decode_video(
+            d, lim, sampling, soundtrack=False).frames, data, limits)
+            for i, data in enumerate(files)]
+    limits = limits.model_copy(update={"sample_rate": sample_rate})
     clips = [_decoded(f"{LLM.VIDEO}[{i}]", lambda d, lim: decode_video(d, lim, sampling),
                       data, limits) for i, data in enumerate(files)]
     for i, clip in enumerate(clips):

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve import env
+from omni_serve.encoder.config import MediaLimits, VideoLimits
 from omni_serve.families import DEFAULT as DEFAULT_FAMILY
 from omni_serve.removed_settings import RefusesRemovedSettings
 
@@ -212,8 +213,12 @@ class OrchestratorConfig(RefusesRemovedSettings):
     # server is ready) only once each is ready on its server, or on one replica;
     # not within this long, its load fails naming them. 0: load without waiting.
     remote_ready_timeout_s: float = Field(default=900.0, ge=0)
-    # Largest media a request may carry (bytes), checked before any stage runs.
+    # Largest image or audio file a request may carry (bytes), checked before any stage runs.
     max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    # A clip's limits (bytes, seconds, frames, frame size), checked on its header before any
+    # stage runs; the thinker checks the same (omni-gen-repo writes the spec's
+    # `video_limits` to both).
+    video_limits: VideoLimits = Field(default_factory=VideoLimits)
 
     @model_validator(mode="before")
     @classmethod
@@ -261,6 +266,11 @@ class OrchestratorConfig(RefusesRemovedSettings):
                 raise ValueError(f"voice_map: {alias!r} -> {voice!r}, which is not a voice of "
                                  f"the checkpoint ({', '.join(self.voices)}); map it to one of "
                                  "those, or set voice_map to {} to send names as they are")
+
+    @property
+    def clip_limits(self) -> MediaLimits:
+        """The limits a clip is probed and its soundtrack read within: `video_limits`."""
+        return MediaLimits().with_video(self.video_limits)
 
     @property
     def raw_media(self) -> tuple[str, ...]:

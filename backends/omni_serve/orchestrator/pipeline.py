@@ -274,11 +274,10 @@ class OmniPipeline:
         what the talker's positions need of it: the processor's grid of the frames the
         family samples, and the seconds a temporal grid step stands for; and whether the
         file has sound."""
-        from omni_serve.encoder.config import MediaLimits
         from omni_serve.encoder.video import probe_video
 
         sampling = families.get(self.cfg.family).video
-        header = probe_video(data, MediaLimits(), sampling)
+        header = probe_video(data, self.cfg.clip_limits, sampling)
         return {TALKER.VIDEO_GRID_THW: np.array([header.grid_thw(sampling)], dtype=np.int64),
                 TALKER.VIDEO_SECOND_PER_GRID: np.array([sampling.seconds_per_grid],
                                                        dtype=np.float32)}, header.has_audio
@@ -313,7 +312,8 @@ class OmniPipeline:
         if family.raw_media_shapes is None:
             return None
         if self._raw_media_shapes is None:
-            self._raw_media_shapes = families.load(family.raw_media_shapes)(self.cfg.tokenizer)
+            self._raw_media_shapes = families.load(family.raw_media_shapes)(
+                self.cfg.tokenizer, self.cfg.video_limits)
         return self._raw_media_shapes
 
     def _raw_shapes(self, kind: str, data: bytes) -> dict[str, np.ndarray]:

@@ -89,8 +89,10 @@ def _media(tensors: dict[str, np.ndarray | None], name: str, cfg: OrchestratorCo
     data = bytes(value)
     if not data:
         raise RequestError(name, "is empty; send the file's bytes")
-    if len(data) > cfg.max_media_bytes:
-        raise RequestError(name, f"is {len(data)} bytes; at most {cfg.max_media_bytes} are allowed")
+    limit, setting = ((cfg.video_limits.max_video_bytes, "max_video_bytes") if name == OMNI.VIDEO
+                      else (cfg.max_media_bytes, "max_media_bytes"))
+    if len(data) > limit:
+        raise RequestError(name, f"is {len(data)} bytes; at most {limit} are allowed ({setting})")
     if role is None and name not in cfg.raw_media:  # else its thinker takes the file
         if name == OMNI.VIDEO:
             raise RequestError(name, f"this pipeline's thinker ({cfg.family}) takes no video")

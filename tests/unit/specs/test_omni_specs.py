@@ -207,6 +207,70 @@ def test_engine_arg_values_are_checked_by_the_stage_config_before_writing(tmp_pa
     assert not (tmp_path / "repo").exists()
 
 
+# --- video limits ---------------------------------------------------------------------------
+
+def test_the_specs_video_limits_reach_every_stage_that_checks_a_clip(tmp_path, models):
+    """Set once at the top level: the orchestrator's engine.json (its probe of a clip's
+    header) and the thinker's (its decode) carry them; the other stages check no clip."""
+    from omni_serve import families
+    from omni_serve.encoder.config import VideoLimits
+    from omni_serve.encoder.video import probe_video
+    from omni_serve.errors import RequestError
+    from omni_serve.orchestrator.config import OrchestratorConfig
+    from tests.video_clip import clip
+
+    data = omni_spec(models)
+    data["video_limits"] = {"max_video_seconds": 2, "max_video_frames": 600}
+    gen_repo.generate(parse_spec(data, base_dir=tmp_path), tmp_path / "r")
+    engines = {name: json.loads((tmp_path / "r" / name / ENGINE_ARGS_FILE).read_text())
+               for name in data["stages"]}
+    want = VideoLimits(max_video_seconds=2, max_video_frames=600)
+    assert engines["llm"]["video_limits"] == engines["omni"]["video_limits"] == want.model_dump()
+    assert not any("video_limits" in engines[name] for name in ("talker", "aenc", "dec"))
+    assert VideoLimits.from_engine_args(engines["llm"]["video_limits"]) == want
+    cfg = OrchestratorConfig.model_validate(engines["omni"])
+    assert cfg.video_limits == want
+    with pytest.raises(RequestError) as err:  # 2.5 s: under the default 120 s, over 2 s
+        probe_video(clip(fps=10, frames=25), cfg.clip_limits, families.get(cfg.family).video)
+    assert err.value.field == "video"
+    assert "2.50 s long; at most 2 s are accepted (max_video_seconds)" in err.value.message
+
+
+def test_without_video_limits_no_stage_gets_any(tmp_path, models):
+    gen_repo.generate(parse_spec(omni_spec(models), base_dir=tmp_path), tmp_path / "r")
+    for name in ("llm", "omni"):
+        assert "video_limits" not in json.loads((tmp_path / "r" / name / ENGINE_ARGS_FILE).read_text())
+
+
+@pytest.mark.parametrize("change,expected", [
+    (lambda d: d.update(video_limits={"max_video_seconds": 0}),
+     "video_limits.max_video_seconds: Input should be greater than 0 (got 0)"),
+    (lambda d: d.update(video_limits={"max_video_frames": 1}),
+     "video_limits.max_video_frames: Input should be greater than or equal to 2 (got 1)"),
+    (lambda d: d.update(video_limits={"max_video_secs": 5}),
+     "video_limits.max_video_secs: unknown key; allowed keys here: max_video_bytes, "
+     "max_video_seconds, max_video_frames, max_video_pixels"),
+    (lambda d: d["stages"]["omni"]["engine_args"].update(video_limits={"max_video_seconds": 5}),
+     "stages.omni.engine_args.video_limits: not a stage setting: set the video limits once, in "
+     "the spec's top-level `video_limits` (omni-gen-repo writes them to every stage that checks "
+     "a clip)"),
+])
+def test_bad_video_limits_name_the_key(tmp_path, models, change, expected):
+    data = omni_spec(models)
+    change(data)
+    assert problems(tmp_path, data) == [expected]
+
+
+def test_an_encoder_stage_refuses_video_limits_it_would_not_apply(tmp_path, models):
+    data = omni_spec(models)
+    data["stages"]["aenc"]["engine_args"]["max_video_seconds"] = 10
+    with pytest.raises(SpecError) as err:
+        gen_repo.plan(parse_spec(data, base_dir=tmp_path), resolve_models=False)
+    assert err.value.problems == [
+        "stages.aenc.engine_args: max_video_seconds: an encoder stage decodes no video (the "
+        "thinker does); set the video limits once, in the spec's top-level video_limits"]
+
+
 # --- batching, queue policy, parallelism, schema -----------------------------------------
 
 def test_queue_policy_and_ordering_reach_the_dynamic_batcher(tmp_path, models):

@@ -138,7 +138,8 @@ def test_parse_spec_validates_data_that_is_already_parsed(model_dir):
 def test_an_unknown_top_level_key_lists_the_allowed_keys(tmp_path):
     data = base_spec() | {"stagse": {}}
     assert only_problem(tmp_path, data) == (
-        "stagse: unknown key; allowed keys here: pipeline, description, servers, stages, entry")
+        "stagse: unknown key; allowed keys here: pipeline, description, servers, stages, entry, "
+        "video_limits")
 
 
 def test_an_unknown_stage_key_lists_the_allowed_keys(tmp_path):
