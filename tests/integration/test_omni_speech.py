@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 from omni_serve.orchestrator.config import OrchestratorConfig
-from tests.video_clip import clip, clip_frames
+from tests.video_clip import clip, clip_frames, clip_soundtrack
 
 from .omni_io import error_code, png, run_omni, run_omni_hearing, tone, wav
 from .servers import loaded
@@ -101,22 +101,26 @@ def reference(omni_chat_server):
 
 
 def _reference(ref, text: str, voice: str, image: bytes | None = None,
-               audio: np.ndarray | None = None, video: bytes | None = None
-               ) -> tuple[str, list[list[int]], np.ndarray]:
+               audio: np.ndarray | None = None, video: bytes | None = None,
+               use_audio_in_video: bool = False) -> tuple[str, list[list[int]], np.ndarray]:
     """(reply text, codec ids as [frames][1], waveform) of transformers' generate(return_audio=True)."""
     model, processor = ref["model"], ref["processor"]
+    heard = {"use_audio_in_video": True} if use_audio_in_video else {}
     if audio is not None:  # what the server gets: the samples of the WAV file it is sent
         audio, _ = sf.read(io.BytesIO(wav(audio)), dtype="float32")
-    parts = ([{"type": "audio"}] if audio is not None else []) + (
+    if use_audio_in_video:  # the clip's sound, as the caller of the processor passes it
+        audio = clip_soundtrack(video)
+    parts = ([{"type": "audio"}] if audio is not None and not heard else []) + (
         [{"type": "image"}] if image is not None else []) + (
         [{"type": "video"}] if video is not None else [])
     messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]},
                 {"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                           **heard)
     inputs = processor(text=prompt, return_tensors="pt",
                        images=[Image.open(io.BytesIO(image)).convert("RGB")] if image else None,
                        audio=[audio] if audio is not None else None,
-                       videos=[clip_frames(processor, video, fps=2.0)] if video else None)
+                       videos=[clip_frames(processor, video, fps=2.0)] if video else None, **heard)
     for pixels in ("pixel_values", "pixel_values_videos"):
         if pixels in inputs:  # generate would hand them to the talker too, which refuses them
             inputs[f"thinker_{pixels}"] = inputs.pop(pixels)
@@ -127,7 +131,7 @@ def _reference(ref, text: str, voice: str, image: bytes | None = None,
         seq, waveform = model.generate(
             **inputs, speaker=voice, thinker_max_new_tokens=THINKER["max_tokens"],
             thinker_do_sample=False, talker_do_sample=False,
-            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops)
+            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops, **heard)
     codes = ref["codes"]["last"]
     codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
     reply = processor.tokenizer.decode(seq[0, inputs["input_ids"].shape[1]:],
@@ -196,17 +200,26 @@ def test_speech_about_a_video_equals_qwen25_omni_in_transformers(url, reference,
     assert np.abs(whole.audio - want_wave).max() < 1e-4
 
 
-def test_speech_about_a_clip_it_hears_is_refused_naming_the_flag(url):
-    """Qwen2.5-Omni's served talker does not yet follow transformers on a clip heard with
-    its sound (it stops when the thinker's reply does): refused, and the next request goes on."""
+def test_speech_about_a_clip_heard_with_its_sound_equals_qwen25_omni_in_transformers(url,
+                                                                                  reference):
+    """use_audio_in_video: the talker's positions interleave the clip's frames and its
+    sound's tokens in 2 s chunks, as the thinker's do: codes and waveform are transformers'.
+    Its 12th code is 2, the thinker's text eos in the checkpoint's generation_config.json,
+    which the talker must speak on (it stops on its codec pad and end only)."""
     data = clip(fps=10, frames=30, size=(64, 64), sound="chirp")
-    refused = run_omni_hearing(url, True, text="what do you hear?", modalities=["text", "audio"],
-                               sampling=THINKER, video=data)
-    assert error_code(refused.error) == "INVALID_ARG"
-    assert "use_audio_in_video: this talker (Qwen2.5-Omni) does not speak about a clip it hears" \
-        in str(refused.error)
-    ok = _served(url, "tell me what happens", "Chelsie", stream_audio=False, video=data)
-    assert ok.error is None and ok.codec_ids
+    question = "tell me what happens"
+    want_text, want_codes, want_wave = _reference(reference, question, "Chelsie", video=data,
+                                                  use_audio_in_video=True)
+    assert want_codes, "the reference talker produced no codes"
+    whole = run_omni_hearing(url, True, text=question, modalities=["text", "audio"],
+                             sampling=THINKER, seed=SEED, voice="Chelsie",
+                             talker_sampling=TALKER, stream_audio=False,
+                             return_codec_ids=True, video=data)
+    assert whole.error is None, whole.error
+    assert whole.text == want_text
+    assert whole.codec_ids == want_codes
+    assert whole.audio.shape == want_wave.shape
+    assert np.abs(whole.audio - want_wave).max() < 1e-4
 
 
 def test_the_voices_sound_different(url):

@@ -23,6 +23,10 @@ end, never samples codec bos.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,17 +54,17 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
     vLLM sizes logits, sampling masks and the prompt embeddings from the text
     config, which for Qwen2.5-Omni is the thinker's: its hidden size is the
     talker's `embedding_size` (the width of what the talker reads), and its
-    vocabulary is set to the talker's codec vocabulary here.
+    vocabulary is set to the talker's codec vocabulary here. Its generation
+    config is the talker's own (`talker_generation_config`), not the thinker's.
     """
-    import json as _json
-
     overrides = dict(args.get("hf_overrides") or {})
     overrides["architectures"] = [ARCHITECTURE]
-    config = _json.loads((Path(args["model"]) / "config.json").read_text())
-    vocab = config.get("talker_config", {}).get("vocab_size")
+    config = json.loads((Path(args["model"]) / "config.json").read_text())
+    talker = config.get("talker_config", {})
+    vocab = talker.get("vocab_size")
     if vocab:
         overrides["thinker_config"] = {"text_config": {"vocab_size": int(vocab)}}
-    return {
+    out = {
         **args,
         "hf_overrides": overrides,
         "enable_prompt_embeds": True,
@@ -72,6 +76,29 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
     }
+    # "auto" and "vllm" both read the checkpoint's file; a folder the spec names is its own
+    if args.get("generation_config", "auto") in ("auto", "vllm") \
+            and "tts_codec_pad_token_id" in talker and "tts_codec_end_token_id" in talker:
+        out["generation_config"] = talker_generation_config(
+            [talker["tts_codec_pad_token_id"], talker["tts_codec_end_token_id"]])
+    return out
+
+
+def talker_generation_config(stop_ids: list[int]) -> str:
+    """A folder holding the talker's generation_config.json (eos: codec pad and end), for
+    vLLM's `generation_config`; removed when the process exits.
+
+    The checkpoint's generation_config.json is the thinker's, and vLLM adds its eos ids to
+    every request's stop ids. They are text ids, but a codec code too where the codec
+    vocabulary reaches them (the tiny checkpoint's 2 and 0): the talker stopped on code 2
+    where transformers' speaks on (its talker stops on `talker_eos_token_id` only, codec
+    pad and end), and vLLM's min_tokens would hold those codes back too.
+    """
+    folder = tempfile.mkdtemp(prefix="omni_talker_generation_")
+    atexit.register(shutil.rmtree, folder, True)
+    (Path(folder) / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [int(i) for i in stop_ids]}))
+    return folder
 
 
 class _RopeIndex:
@@ -177,13 +204,6 @@ class TalkerPrompter:
         import torch
 
         voice = self.voice(req.voice)
-        if req.use_audio_in_video:
-            # its positions match transformers', but the served talker stops when the
-            # thinker's reply does, where transformers' speaks on: refused, not misspoken
-            raise RequestError(TALKER.USE_AUDIO_IN_VIDEO, "this talker (Qwen2.5-Omni) does not "
-                                                          "speak about a clip it hears yet: ask "
-                                                          "for text only, or use_audio_in_video "
-                                                          "false")
         if not talker_engine.valid_source(req.source):
             raise RequestError(TALKER.THINKER_HIDDEN_STATES_FILE,
                                "must be a hidden-state file a thinker stage on this host handed "
