@@ -52,6 +52,7 @@ class EngineMetrics:
         self._in_flight = m.gauge(LlmMetrics.REQUESTS_IN_FLIGHT)
         self._cache_queries = m.counter(LlmMetrics.PREFIX_CACHE_QUERIES)
         self._cache_hits = m.counter(LlmMetrics.PREFIX_CACHE_HITS)
+        self._rows_recomputed = m.counter(LlmMetrics.ROWS_RECOMPUTED)
 
     def time_to_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
@@ -70,6 +71,9 @@ class EngineMetrics:
     def prefix_cache(self, queries: int, hits: int) -> None:
         self._cache_queries.increment(queries)
         self._cache_hits.increment(hits)
+
+    def rows_recomputed(self) -> None:
+        self._rows_recomputed.increment(1)
 
     def in_flight(self, requests: int) -> None:
         self._in_flight.set(requests)

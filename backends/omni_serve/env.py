@@ -73,6 +73,11 @@ HIDDEN_STATES_DIR = EnvVar(
     "OMNI_HIDDEN_STATES_DIR", None,
     "Set by the stage, not by users: the /dev/shm folder its engine writes captured hidden "
     "states to", "vLLM engine processes (omni_serve.llm.hidden_states), omni-soak")
+HIDDEN_ROWS_CACHE_MB = EnvVar(
+    "OMNI_HIDDEN_ROWS_CACHE_MB", "512",
+    "MiB of hidden-state rows an LLM engine keeps so that a spoken reply (its talker reads "
+    "a row per prompt position) can read the prefix cache; 0: such requests skip it",
+    "omni_llm and its vLLM engine processes (omni_serve.llm.row_cache)")
 VLLM_STARTUP_FAILURE_FILE = EnvVar(
     "OMNI_VLLM_STARTUP_FAILURE_FILE", None,
     "Set by the stage, not by users: the file an engine process records why it failed to "

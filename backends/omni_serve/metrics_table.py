@@ -119,6 +119,10 @@ class LlmMetrics(MetricTable):
                                       "Prompt tokens looked up in vLLM's prefix cache")
     PREFIX_CACHE_HITS = MetricSpec("omni_llm_prefix_cache_hits_total", "counter",
                                    "Prompt tokens found in vLLM's prefix cache (not recomputed)")
+    ROWS_RECOMPUTED = MetricSpec(
+        "omni_llm_hidden_rows_recomputed_total", "counter",
+        "Requests for hidden states (spoken replies) computed again without the prefix "
+        "cache: it held their prefix, the engine no rows for it (OMNI_HIDDEN_ROWS_CACHE_MB)")
 
 
 class DitMetrics(MetricTable):

@@ -117,14 +117,16 @@ def frontend_metric(base_url: str, name: str, **labels) -> float:
 
 
 def reference(grpc_url: str, text: str, history=None, audio: bytes | None = None,
-              speak: bool = True):
-    """The omni entry model's answer to the same conversation, through omni_client."""
+              speak: bool = True, cold: bool = False):
+    """The omni entry model's answer to the same conversation, through omni_client;
+    `cold`: computed whole, without reading the thinker's prefix cache."""
     speech = {"voice": VOICE, "seed": SESSION["seed"],
               "talker_sampling": SESSION["talker_sampling_parameters"]} if speak else {}
+    sampling = {"max_tokens": 16, "seed": 7, "temperature": 0,
+                **({"skip_reading_prefix_cache": True} if cold else {})}
     with OmniClient(grpc_url) as sdk:
         return sdk.chat(text, modalities=["text", "audio"] if speak else ["text"],
-                        sampling_parameters={"max_tokens": 16, "seed": 7, "temperature": 0},
-                        history=history, audio=audio, **speech)
+                        sampling_parameters=sampling, history=history, audio=audio, **speech)
 
 
 def assert_stopped_at_the_limit(response) -> None:
@@ -193,26 +195,33 @@ def test_an_audio_turn_committed_by_hand_is_heard(openai_frontend, omni_chat_ser
 
 
 QUERIES, HITS = "omni_llm_prefix_cache_queries_total", "omni_llm_prefix_cache_hits_total"
+RECOMPUTED = "omni_llm_hidden_rows_recomputed_total"
 CPU_BLOCK = 128  # vLLM's KV block on CPU: the prefix cache keeps whole blocks
-FIRST = ("Tell me a story about a lighthouse keeper who finds a message in a bottle on the shore "
-         "one stormy night, reads it by the light of the lamp, and decides to find its writer. "
-         "Tell it slowly, with the sea, the wind, the gulls and the long walk along the cliffs.")
-SECOND = "Who wrote the message, and where did the keeper travel to find that person?"
+TURNS = ("Tell me a story about a lighthouse keeper who finds a message in a bottle on the "
+         "shore one stormy night, reads it by the light of the lamp, and decides to find its "
+         "writer. Tell it slowly, with the sea, the wind, the gulls and the long walk along the "
+         "cliffs.",
+         "Who wrote the message, and where did the keeper travel to find that person?",
+         "And what did the keeper say when they met at last, on the quay in the rain?")
 
 
-def test_the_second_turn_carries_the_first_and_hits_the_prefix_cache(openai_frontend,
-                                                                       omni_chat_server):
-    """Text replies: a spoken one asks the thinker for its hidden states (the talker reads
-    them), and such requests skip vLLM's prefix cache."""
+def test_later_turns_carry_the_earlier_and_spoken_ones_hit_the_prefix_cache(openai_frontend,
+                                                                             omni_chat_server):
+    """A text reply, then two spoken ones. The talker reads the thinker's rows of every
+    prompt position: the first spoken turn finds turn 1 in vLLM's prefix cache but no rows
+    kept for it (a text reply keeps none), so it is computed again whole; the second finds
+    the first spoken turn's blocks and their rows. Each spoken answer equals the omni
+    entry model's answer computed cold (without reading the prefix cache)."""
     def cache():
         text = omni_chat_server.metrics()
-        return metric(text, QUERIES, "llm"), metric(text, HITS, "llm")
+        return (metric(text, QUERIES, "llm"), metric(text, HITS, "llm"),
+                metric(text, RECOMPUTED, "llm"))
 
     async def run():
         turns = []
         async with realtime(openai_frontend) as rt:
-            await rt.update({**SESSION, "output_modalities": ["text"]})
-            for text in (FIRST, SECOND):
+            for i, text in enumerate(TURNS):
+                await rt.update({**SESSION, "output_modalities": ["audio"] if i else ["text"]})
                 assert not any(wait_idle(omni_chat_server, *STAGES, timeout=60).values())
                 before = cache()
                 await rt.say(text)
@@ -220,25 +229,37 @@ def test_the_second_turn_carries_the_first_and_hits_the_prefix_cache(openai_fron
                 assert not any(wait_idle(omni_chat_server, *STAGES, timeout=60).values())
                 after = cache()
                 turns.append({"events": events, "queries": after[0] - before[0],
-                              "hits": after[1] - before[1]})
+                              "hits": after[1] - before[1], "recomputed": after[2] - before[2],
+                              "usage": events[-1].response.usage})
         return turns
 
-    first, second = _run(run())
-    usage = [t["events"][-1].response.usage for t in (first, second)]
-    print(f"\nprompt tokens {usage[0].input_tokens} -> {usage[1].input_tokens}; prefix cache "
-          f"hits/queries {first['hits']:.0f}/{first['queries']:.0f} -> "
-          f"{second['hits']:.0f}/{second['queries']:.0f}")
-    # the second prompt holds the first, its reply and the new message
-    assert usage[1].input_tokens > usage[0].input_tokens + usage[0].output_tokens
-    assert usage[0].input_tokens >= CPU_BLOCK  # so a block of it can be found again
-    assert second["queries"] == usage[1].input_tokens, second["queries"]
-    assert second["hits"] >= usage[0].input_tokens // CPU_BLOCK * CPU_BLOCK, second["hits"]
-    # the reply is the omni model's to the whole conversation
-    reply = [e.text for e in first["events"] if e.type == "response.output_text.done"]
-    history = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": reply[0]}]
-    want = reference(omni_chat_server.grpc_url, SECOND, history=history, speak=False)
-    (text,) = [e.text for e in second["events"] if e.type == "response.output_text.done"]
-    assert text == want.text and text
+    turns = _run(run())
+    print("\nprompt tokens, prefix cache hits/queries, recomputed per turn: " + "; ".join(
+        f"{t['usage'].input_tokens}: {t['hits']:.0f}/{t['queries']:.0f} {t['recomputed']:.0f}"
+        for t in turns))
+    prompts = [t["usage"].input_tokens for t in turns]
+    for before, turn in zip(turns, turns[1:]):  # each prompt holds the one before and its reply
+        assert turn["usage"].input_tokens > before["usage"].input_tokens + \
+            before["usage"].output_tokens
+    assert prompts[0] >= CPU_BLOCK  # so a block of it can be found again
+    # turn 2: the engine found turn 1's blocks, kept no rows for them, and computed it again
+    assert turns[1]["hits"] >= prompts[0] // CPU_BLOCK * CPU_BLOCK, turns[1]
+    assert turns[1]["recomputed"] == 1, turns[1]
+    # turn 3: read from the prefix cache, rows and all, once
+    assert turns[2]["hits"] >= prompts[1] // CPU_BLOCK * CPU_BLOCK, turns[2]
+    assert turns[2]["recomputed"] == 0 and turns[2]["queries"] == prompts[2], turns[2]
+    # each reply is the omni model's to the whole conversation, computed cold
+    history = []
+    for i, (text, turn) in enumerate(zip(TURNS, turns)):
+        events = turn["events"]
+        if i == 0:
+            (said,) = [e.text for e in events if e.type == "response.output_text.done"]
+        else:
+            want = reference(omni_chat_server.grpc_url, text, history=history, cold=True)
+            said = transcript(events)
+            assert said == want.text and said, i
+            assert_within_one_step(pcm(events), want.audio)
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": said}]
 
 
 # --- cancellation ----------------------------------------------------------------------

@@ -104,6 +104,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             (ratio("omni_llm_prefix_cache_hits_total", "omni_llm_prefix_cache_queries_total"),
              "{{model}}"),
         ), "Prompt tokens found in vLLM's prefix cache / prompt tokens looked up"),
+        Panel("Spoken replies recomputed", "reqps", (
+            (per_second("omni_llm_hidden_rows_recomputed_total"), "{{model}}"),
+        ), "Requests for hidden states (spoken replies) computed again without the prefix "
+           "cache: it held their prefix, the engine kept no rows for it"),
     )),
     ("Batched stages (omni_dit, omni_audio, omni_encoder)", (
         Panel("Batch size (mean per execute)", "short",

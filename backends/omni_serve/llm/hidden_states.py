@@ -28,6 +28,11 @@ so the engine core inherits it):
   `HANDED_OVER_TTL_S` is removed when the next capture starts.
   The worker only writes files that exist, named by a plain token, in that
   directory: a request cannot make it write anywhere else.
+
+A request that hits vLLM's prefix cache is not computed at its cached positions:
+the worker writes their rows from the rows it kept of earlier requests' blocks
+(llm/row_cache.py) before those it computes, or, when it kept none, marks the file
+missed (`<file>.miss`) and the stage runs the request again without the cache.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ import time
 import numpy as np
 
 from omni_serve import env
+from omni_serve.llm import row_cache
 
 log = logging.getLogger("vllm.omni_hidden_states")
 
@@ -83,6 +89,9 @@ class _StepCapture:
         self.runner = runner
         self.dir = directory
         self.last: tuple | None = None
+        self.cache = row_cache.RowBlockCache(row_cache.budget_bytes(),
+                                             runner.cache_config.block_size)
+        self.live: dict[str, row_cache.LiveRows] = {}  # capturing requests running
         forward, execute = runner._model_forward, runner.execute_model
 
         def _model_forward(*args, **kwargs):
@@ -99,6 +108,8 @@ class _StepCapture:
 
         def execute_model(scheduler_output, *args, **kwargs):
             self.last = None
+            if self.live:  # before the step forgets them: their rows go to the cache
+                self.retire(scheduler_output.finished_req_ids)
             result = execute(scheduler_output, *args, **kwargs)
             if self.last is not None:
                 try:
@@ -137,7 +148,8 @@ class _StepCapture:
         computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
         cached = scheduler_output.scheduled_cached_reqs
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        return [(token, first, n, computed[req_id]) for token, first, n, req_id in wanted]
+        return [(token, first, n, req_id, computed[req_id])
+                for token, first, n, req_id in wanted]
 
     def write(self, scheduler_output) -> None:
         wanted = self._wanted(scheduler_output)
@@ -148,19 +160,88 @@ class _StepCapture:
         input_ids, embeds, hidden = self.last
         if isinstance(hidden, tuple):  # (hidden, aux hidden states) with EAGLE-3
             hidden = hidden[0]
-        for token, first, n, position in wanted:
+        for token, first, n, req_id, position in wanted:
             rows = slice(first, first + n)
             e = embeds[rows] if embeds is not None else self.runner.model.embed_input_ids(
                 input_ids[rows])
             data = torch.cat([e, hidden[rows]], dim=-1).to(torch.float32).cpu().numpy()
-            try:
-                fd = os.open(os.path.join(self.dir, token), os.O_WRONLY)
-            except FileNotFoundError:
-                continue  # its request has ended
-            try:
-                os.pwrite(fd, data.tobytes(), position * data.shape[1] * _ROW.itemsize)
-            finally:
-                os.close(fd)
+            path = os.path.join(self.dir, token)
+            if self.cache.budget:
+                live = self.live.get(req_id)
+                if live is None:
+                    live = self.live[req_id] = row_cache.LiveRows(data.shape[1])
+                    if position:
+                        self._fill(req_id, live, position, path)
+                if live.missed:
+                    continue  # its stage recomputes it without the prefix cache
+                live.add(position, data)
+            _write_rows(path, position, data)
+
+    # --- rows of prefix-cached positions (llm/row_cache.py) ---
+
+    def _keys(self, state, tokens, blocks: int) -> list[bytes]:
+        media = [(f.identifier, f.mm_position.offset, f.mm_position.length)
+                 for f in (getattr(state, "mm_features", None) or ())]
+        lora = getattr(state, "lora_request", None)
+        return row_cache.block_keys(tokens, media, self.cache.block_size, blocks,
+                                    salt=getattr(lora, "lora_name", "") or "")
+
+    def _fill(self, req_id: str, live: row_cache.LiveRows, position: int, path: str) -> None:
+        """Write the rows of a new request's first `position` (prefix-cached) positions from
+        the cache; else mark it missed (`<file>.miss`): nothing more is written for it."""
+        state = self.runner.requests.get(req_id)
+        bs = self.cache.block_size
+        rows = None
+        if (state is not None and getattr(state, "prompt_embeds", None) is None
+                and position % bs == 0):
+            tokens = list(state.prompt_token_ids or ()) + list(state.output_token_ids)
+            if len(tokens) >= position:
+                rows = self.cache.get(self._keys(state, tokens, position // bs))
+        if rows is None:
+            live.missed = True
+            _mark_missed(path)
+            return
+        live.add(0, rows)
+        _write_rows(path, 0, rows)
+
+    def retire(self, finished: set[str]) -> None:
+        """Keep the whole blocks of rows of capturing requests that ended (finished or
+        aborted). A preempted request stays: resumed, it goes on from its rows here."""
+        for req_id in finished & self.live.keys():
+            live = self.live.pop(req_id)
+            state = self.runner.requests.get(req_id)
+            if (state is None or live.missed
+                    or getattr(state, "prompt_embeds", None) is not None):
+                continue
+            tokens = list(state.prompt_token_ids or ()) + list(state.output_token_ids)
+            blocks = min(live.count, len(tokens)) // self.cache.block_size
+            if blocks:
+                self.cache.put(self._keys(state, tokens, blocks), live.rows())
+
+
+def _write_rows(path: str, position: int, data: np.ndarray) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return  # its request has ended
+    try:
+        os.pwrite(fd, data.tobytes(), position * data.shape[1] * _ROW.itemsize)
+    finally:
+        os.close(fd)
+
+
+MISSED_SUFFIX = ".miss"
+
+
+def _mark_missed(path: str) -> None:
+    """Tell the stage this request's prefix-cached rows are not to be had (only beside a
+    capture file that exists)."""
+    if not os.path.exists(path):
+        return
+    try:
+        os.close(os.open(path + MISSED_SUFFIX, os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        log.exception("omni: marking %s missed failed", path)
 
 
 # --- the stage side (the omni_llm stub process) --------------------------------------------
@@ -198,6 +279,11 @@ class CaptureFile:
     def expected_rows(prompt_tokens: int, output_tokens: int) -> int:
         """Rows the engine has computed once `output_tokens` tokens came out."""
         return prompt_tokens + output_tokens - 1 if output_tokens else 0
+
+    def missed(self) -> bool:
+        """Whether the engine hit the prefix cache for rows it did not keep (it then
+        writes none: the request must be computed again without the cache)."""
+        return os.path.exists(self.path + MISSED_SUFFIX)
 
     async def wait_for(self, rows: int, timeout_s: float = 5.0) -> None:
         """Until the file holds `rows` rows (the worker's write precedes the output that
@@ -240,6 +326,8 @@ class CaptureFile:
         name (it stopped reading), so such a file goes here.
         """
         os.close(self._fd)
+        if os.path.exists(self.path + MISSED_SUFFIX):
+            os.unlink(self.path + MISSED_SUFFIX)
         if not (self.handed_over and self.completed):
             remove_handed_over(self.path)
 

@@ -15,8 +15,9 @@ import logging
 from typing import Any
 
 from omni_serve.contract import LLM
+from omni_serve.encoder.config import VIDEO_LIMITS_KEY, VideoLimits
 from omni_serve.errors import RequestError, VerbatimRequestError
-from omni_serve.llm import hidden_states, logprobs, render, sampling
+from omni_serve.llm import hidden_states, logprobs, render, row_cache, sampling
 from omni_serve.llm.engine_host import EngineHost
 from omni_serve.llm.lora import LoraTable
 from omni_serve.llm.media import MediaShapes, video_sampling
@@ -45,6 +46,10 @@ def aborted_output() -> LLMOutput:
                      final=True)
 
 
+class _RowsMissed(Exception):
+    """A capturing request hit the prefix cache where the engine kept no rows."""
+
+
 class LLMStage:
     """A vLLM engine (its `host`) serving LLM requests; the adapter calls `host.submit`."""
 
@@ -54,6 +59,8 @@ class LLMStage:
             raise ValueError("engine_args 'talker' is not an omni_llm setting: a talker is a "
                              "stage of its own, backend omni_talker")
         self.name = name
+        engine_args = dict(engine_args)  # a clip's limits (the spec's video_limits) are not vLLM's
+        self.video_limits = VideoLimits.from_engine_args(engine_args.pop(VIDEO_LIMITS_KEY, None))
         self.host = EngineHost(engine_args, serve=self.serve, aborted=aborted_output, name=name,
                                metrics=metrics, prompt_field=LLM.TEXT_INPUT,
                                stat_loggers=stat_loggers)
@@ -63,6 +70,7 @@ class LLMStage:
         self.video_sampling = None  # how its family samples a video's frames (None: no video)
         self.hidden_size = 0
         self._capture_dir: str | None = None  # where the engine writes hidden states
+        self._rows_kept = row_cache.budget_bytes() > 0  # for prefix-cached positions
         self.hidden_states_unavailable = "the engine has not started"  # '' when available
 
     def start(self, warm_up: bool = True) -> None:
@@ -108,7 +116,14 @@ class LLMStage:
                 return
             if params.n > 1:
                 await self._stream_sequences(req, sink, params, engine_input, arrival, lora)
-            else:
+                return
+            try:
+                await self._stream(req, sink, params, engine_input, arrival, capture, lora)
+            except _RowsMissed:  # its prefix-cached rows were not kept: compute them all
+                self.host.metrics.rows_recomputed()
+                capture.close()
+                params = sampling.build(req.sampling, stream=req.stream, max_n=self._max_n(req))
+                capture = self._capture(params, read_prefix_cache=False)
                 await self._stream(req, sink, params, engine_input, arrival, capture, lora)
         finally:
             if capture is not None:
@@ -158,20 +173,24 @@ class LLMStage:
 
     async def _render(self, req: LLMRequest):
         return await render.render_request(self.host.engine, req, self.media_shapes, self.name,
-                                           self.audio_rate, self.video_sampling)
+                                           self.audio_rate, self.video_sampling,
+                                           self.video_limits)
 
-    def _capture(self, params) -> hidden_states.CaptureFile:
+    def _capture(self, params, read_prefix_cache: bool = True) -> hidden_states.CaptureFile:
         """A capture file for one request's hidden states, named in its SamplingParams.
 
-        The request skips the prefix cache: a cached position is never computed,
-        so its hidden state would be missing.
+        A prefix-cached position is never computed: the engine's worker writes its row
+        from the rows it kept (llm/row_cache.py), or marks the file missed and the
+        request is computed again without reading the prefix cache. With no room to
+        keep rows (OMNI_HIDDEN_ROWS_CACHE_MB=0) it never reads the prefix cache.
         """
         if self.hidden_states_unavailable:
             raise RequestError(LLM.RETURN_HIDDEN_STATES, "this stage cannot return hidden "
                                                          f"states: {self.hidden_states_unavailable}")
         capture = hidden_states.CaptureFile(self._capture_dir, self.hidden_size)
         params.extra_args = {**(params.extra_args or {}), hidden_states.EXTRA_ARG: capture.token}
-        params.skip_reading_prefix_cache = True
+        if not (read_prefix_cache and self._rows_kept):
+            params.skip_reading_prefix_cache = True
         return capture
 
     async def _stream(self, req: LLMRequest, sink: Sink, params, engine_input,
@@ -186,6 +205,9 @@ class LLMStage:
             if not req.stream and not req.exclude_input_in_output:
                 text = (out.prompt or req.prompt or "") + text
             rows = span = None
+            if capture is not None and first_output and capture.missed():
+                await self.host.engine.abort(req.request_id)
+                raise _RowsMissed
             if capture is not None:
                 want = (capture.rows_read if comp.finish_reason == "abort"
                         else capture.expected_rows(n_in, n_out))
