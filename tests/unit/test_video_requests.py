@@ -228,6 +228,29 @@ def test_the_llm_stage_decodes_within_its_configured_video_limits(video, heard_v
     assert frames.shape[0] == QWEN3.video.sampled_count(125, 1.0)
 
 
+def test_the_llm_stage_takes_its_video_limits_from_engine_json(monkeypatch):
+    """The spec's video_limits, as omni-gen-repo writes them into engine.json: the stage's,
+    not vLLM's arguments, given to each request's decode; a bad value fails the load."""
+    from omni_serve.llm import stage as llm_stage
+
+    stage = llm_stage.LLMStage({"model": "fake", "video_limits": {"max_video_frames": 20}},
+                               name="fake")
+    assert stage.video_limits == VideoLimits(max_video_frames=20)
+    assert "video_limits" not in stage.host.engine_args
+    rendered = []
+
+    async def render_request(*args):
+        rendered.append(args)
+
+    monkeypatch.setattr(llm_stage.render, "render_request", render_request)
+    asyncio.run(stage._render(parse_llm_request("r", llm_tensors(video=[b"clip"]))))
+    assert rendered[0][-1] is stage.video_limits
+    assert llm_stage.LLMStage({"model": "fake"}, name="fake").video_limits == VideoLimits()
+    with pytest.raises(ValueError, match=r"^video_limits\.max_video_seconds: Input should be "
+                                         r"greater than 0 \(got 0\)$"):
+        llm_stage.LLMStage({"model": "fake", "video_limits": {"max_video_seconds": 0}})
+
+
 def test_the_stage_finds_its_familys_video_sampling_in_the_checkpoint_config():
     from types import SimpleNamespace as Config
 
