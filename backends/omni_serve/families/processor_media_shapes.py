@@ -5,8 +5,16 @@ file into its tokens (Qwen3-Omni's always, Qwen2.5-Omni's beside a video); the t
 M-RoPE positions need the same shapes (an image's patch grid `image_grid_thw`, a clip's
 mel frames `audio_feature_lengths`), which the thinker does not return. They come from the
 checkpoint's own processor (Qwen3OmniMoeProcessor, Qwen2_5OmniProcessor: the one vLLM runs)
-on the same decoded media, so they are the thinker's by construction. The media are decoded
-within the encoder stage's limits (omni_serve.encoder.media), as the thinker decodes them.
+on the same decoded media, each clip alone, so they are the thinker's by construction. The
+media are decoded within the encoder stage's limits (omni_serve.encoder.media), as the thinker
+decodes them.
+
+A clip of `n` samples at 16 kHz gets `n // 160` mel frames from Qwen3OmniMoeProcessor (it
+pads clips to the longest only) and `ceil(n / 160)` from Qwen2_5OmniProcessor (it pads every
+clip to 300 s). The thinkers count the same: Qwen2.5-Omni's vLLM processor runs its processor
+as it is; vLLM 0.32's own Qwen3-Omni processor would make `ceil(n / 160)`, so the family's
+thinker has its own (qwen3_omni_moe/thinker_processor.py: transformers' frames, each clip
+processed alone as here).
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ The stage-side modules are named by path and loaded only where they run:
   1920 samples a frame at 24 kHz, causal);
 - code2wav_context.py: Code2Wav's left context from config.json (omni-gen-repo);
 - thinker.py: vLLM's thinker keeping the hidden state after accept_hidden_layer
-  for the talker's rows (vLLM worker);
+  for the talker's rows (vLLM worker), and thinker_processor.py, its multimodal
+  processor: vLLM's, but a sound's feature frames are transformers' (vLLM's own
+  makes one more of a clip that is no whole number of 10 ms hops);
 - talker_model.py, talker_engine.py: the talker and its code predictor as a vLLM
   model and its per-step feed (vLLM engine core / worker);
 - talker_prompt.py: the talker stage's side (prompt, sampling, stops, frames).

@@ -15,6 +15,10 @@ output after that layer's deepstack addition (image rows plus the vision
 tower's multi-scale features, in the first `deepstack_num_level` layers);
 transformers records it before. Where the layer has one, its deepstack rows,
 read from the buffer before the forward clears it, are taken back off.
+
+Its prompts are processed by thinker_processor.Qwen3OmniThinkerProcessor: vLLM's, but a
+sound's feature frames (and so its audio tokens) are transformers', which vLLM's own
+processor makes one more of wherever a clip is not a whole number of 10 ms hops.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ import torch
 from vllm.model_executor.models.qwen3_omni_moe_thinker import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
+
+from omni_serve.families.qwen3_omni_moe import thinker_processor
 
 
 def capture_layer(hf_config) -> int | None:
@@ -34,6 +40,7 @@ def capture_layer(hf_config) -> int | None:
     return None if layer is None else int(layer)
 
 
+@thinker_processor.register  # audio feature frames as transformers makes them
 class Qwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
