@@ -23,10 +23,7 @@ end, never samples codec bos.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
 from omni_serve.families.checkpoint_tensors import read_rows
 from omni_serve.families.qwen2_5_omni import talker_engine
+from omni_serve.families.talker_generation import with_talker_stops
 from omni_serve.llm import hidden_states
 from omni_serve.talker.request import TalkerInput
 
@@ -55,7 +53,7 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
     config, which for Qwen2.5-Omni is the thinker's: its hidden size is the
     talker's `embedding_size` (the width of what the talker reads), and its
     vocabulary is set to the talker's codec vocabulary here. Its generation
-    config is the talker's own (`talker_generation_config`), not the thinker's.
+    config holds the talker's own stop codes (families/talker_generation.py).
     """
     overrides = dict(args.get("hf_overrides") or {})
     overrides["architectures"] = [ARCHITECTURE]
@@ -76,29 +74,9 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
     }
-    # "auto" and "vllm" both read the checkpoint's file; a folder the spec names is its own
-    if args.get("generation_config", "auto") in ("auto", "vllm") \
-            and "tts_codec_pad_token_id" in talker and "tts_codec_end_token_id" in talker:
-        out["generation_config"] = talker_generation_config(
-            [talker["tts_codec_pad_token_id"], talker["tts_codec_end_token_id"]])
-    return out
-
-
-def talker_generation_config(stop_ids: list[int]) -> str:
-    """A folder holding the talker's generation_config.json (eos: codec pad and end), for
-    vLLM's `generation_config`; removed when the process exits.
-
-    The checkpoint's generation_config.json is the thinker's, and vLLM adds its eos ids to
-    every request's stop ids. They are text ids, but a codec code too where the codec
-    vocabulary reaches them (the tiny checkpoint's 2 and 0): the talker stopped on code 2
-    where transformers' speaks on (its talker stops on `talker_eos_token_id` only, codec
-    pad and end), and vLLM's min_tokens would hold those codes back too.
-    """
-    folder = tempfile.mkdtemp(prefix="omni_talker_generation_")
-    atexit.register(shutil.rmtree, folder, True)
-    (Path(folder) / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [int(i) for i in stop_ids]}))
-    return folder
+    stops = [talker[k] for k in ("tts_codec_pad_token_id", "tts_codec_end_token_id")
+             if k in talker]
+    return with_talker_stops(args, out, stops if len(stops) == 2 else [])
 
 
 class _RopeIndex:

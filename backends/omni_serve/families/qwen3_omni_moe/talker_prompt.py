@@ -38,6 +38,7 @@ from omni_serve.contract import TALKER
 from omni_serve.errors import RequestError
 from omni_serve.families.checkpoint_tensors import read_rows, read_tensors, shards
 from omni_serve.families.qwen3_omni_moe import talker_engine
+from omni_serve.families.talker_generation import with_talker_stops
 from omni_serve.llm import hidden_states
 from omni_serve.talker.request import TalkerInput
 
@@ -57,6 +58,7 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
 
     vLLM sizes prompt embeddings, logits and sampling masks from the text config, which
     for Qwen3-Omni is the thinker's: its shape fields are set to the talker decoder's.
+    Its generation config holds the talker's own stop code (families/talker_generation.py).
     """
     overrides = dict(args.get("hf_overrides") or {})
     overrides["architectures"] = [ARCHITECTURE]
@@ -66,7 +68,8 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
                                   "num_attention_heads", "num_key_value_heads", "head_dim")
              if k in text}
     overrides["thinker_config"] = {"text_config": shape}
-    return {
+    eos = config.get("talker_config", {}).get("codec_eos_token_id")
+    return with_talker_stops(args, {
         **args,
         "hf_overrides": overrides,
         "enable_prompt_embeds": True,
@@ -77,7 +80,7 @@ def engine_args(args: dict[str, Any]) -> dict[str, Any]:
         # the scheduler holds back requests whose next frame's text is not there yet
         "scheduler_cls": talker_engine.SCHEDULER,
         "worker_extension_cls": talker_engine.EXTENSION,
-    }
+    }, [] if eos is None else [eos])
 
 
 def assistant_start(prompt_ids: list[int], config) -> int:
