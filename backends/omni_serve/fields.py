@@ -94,6 +94,9 @@ class ChatRules:
     roles: tuple[str, ...] | None = None  # None: any string role
     keys: tuple[str, ...] | None = None  # the keys a message may have; None: any
     text_parts: bool = False  # content may also be a list of {"type": "text"} parts
+    # content may also be a list of text parts and parts of these types (the caller checks
+    # each such part's value)
+    media_parts: tuple[str, ...] = ()
     non_empty: bool = False  # else blank text or [] is a chat without messages
     json_position: bool = False  # an invalid-JSON error quotes line and column
 
@@ -136,6 +139,9 @@ def _chat_message(where: str, message: Any, name: str, rules: ChatRules) -> None
     content = message.get("content")
     if isinstance(content, str):
         return
+    if rules.media_parts:
+        _content_parts(f"{where}.content", content, rules.media_parts)
+        return
     if not rules.text_parts:
         raise RequestError(f"{where}.content", f"must be a string, got {content!r}"[:200])
     if not isinstance(content, list) or not all(
@@ -143,3 +149,20 @@ def _chat_message(where: str, message: Any, name: str, rules: ChatRules) -> None
             for p in content):
         raise RequestError(f"{where}.content",
                            'must be a string or a list of {"type": "text", "text": ...} parts')
+
+
+def _content_parts(where: str, content: Any, media: tuple[str, ...]) -> None:
+    kinds = ", ".join(f'{{"type": "{kind}", "{kind}": ...}}' for kind in media)
+    if not isinstance(content, list) or not content:
+        raise RequestError(where, f'must be a string or a non-empty list of {{"type": "text", '
+                                  f'"text": ...}} and {kinds} parts, got {content!r}'[:300])
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("text", *media):
+            raise RequestError(f"{where}[{j}]", f'must be a {{"type": "text", "text": ...}} or '
+                                                f"{kinds} part")
+        extra = sorted(set(part) - {"type", kind})
+        if extra:
+            raise RequestError(f"{where}[{j}]", f"unknown key {extra[0]!r}; allowed: type, {kind}")
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}[{j}].text", "must be a string")

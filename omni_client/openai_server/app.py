@@ -281,7 +281,7 @@ async def _triton_live(front: Frontend) -> bool:
 
 def _omni_context(body: p.ChatRequest) -> dict[str, Any]:
     """The omni inputs beyond the last user turn: earlier turns and the session id (`user`)."""
-    turns = p.history(body.messages, allow_system=False)
+    turns = p.history(body.messages, allow_system=False, audio=True)
     return {"history": turns or None, "session_id": body.user}
 
 

@@ -234,18 +234,36 @@ def _video(turn: UserTurn, url: str, param: str) -> None:
         raise OpenAIError(400, "the data: URL holds no bytes", param=param)
 
 
-def _text_of(message: Message, index: int) -> str:
+def _content_of(message: Message, index: int, audio: bool) -> str | list[dict[str, str]]:
+    """An earlier message's text, or with `audio` a user message's input_audio and text
+    parts in order (the omni entry model's history parts)."""
     if message.content is None:
         return ""
     if isinstance(message.content, str):
         return message.content
-    texts = []
+    parts: list[dict[str, str]] = []
     for j, part in enumerate(message.content):
-        if not isinstance(part, TextPart):
+        param = f"messages[{index}].content[{j}]"
+        if isinstance(part, TextPart):
+            if parts and parts[-1]["type"] == "text":
+                parts[-1]["text"] += part.text
+            else:
+                parts.append({"type": "text", "text": part.text})
+        elif audio and isinstance(part, AudioPart) and message.role == "user":
+            data = _b64(part.input_audio.data, f"{param}.input_audio.data")
+            if not data:
+                raise OpenAIError(400, "the audio holds no bytes", param=f"{param}.input_audio.data")
+            parts.append({"type": "audio", "audio": base64.b64encode(data).decode("ascii")})
+        elif audio:
+            raise OpenAIError(400, f"an earlier message carries text parts and, a user's, "
+                                   f"input_audio parts; only the last may carry {part.type}",
+                              param=param)
+        else:
             raise OpenAIError(400, f"only the last user message may carry {part.type} parts",
-                              param=f"messages[{index}].content[{j}]")
-        texts.append(part.text)
-    return "".join(texts)
+                              param=param)
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
 def user_turn(messages: list[Message]) -> UserTurn:
@@ -287,8 +305,10 @@ def user_turn(messages: list[Message]) -> UserTurn:
     return turn
 
 
-def history(messages: list[Message], *, allow_system: bool) -> list[dict[str, str]]:
-    """The turns before the last, as [{"role", "content"}] (text only)."""
+def history(messages: list[Message], *, allow_system: bool,
+            audio: bool = False) -> list[dict[str, Any]]:
+    """The turns before the last, as [{"role", "content"}]: text, or with `audio` (an omni
+    model) a user turn's input_audio parts as audio parts beside its text."""
     turns = []
     for i, message in enumerate(messages[:-1]):
         role = "system" if message.role == "developer" else message.role
@@ -296,7 +316,7 @@ def history(messages: list[Message], *, allow_system: bool) -> list[dict[str, st
             raise OpenAIError(400, "this pipeline sets its own system prompt (in its spec); "
                                    "send user and assistant messages only",
                               param=f"messages[{i}].role")
-        turns.append({"role": role, "content": _text_of(message, i)})
+        turns.append({"role": role, "content": _content_of(message, i, audio)})
     return turns
 
 

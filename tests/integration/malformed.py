@@ -868,6 +868,10 @@ def audio_decoder_recipe(model: Model) -> Recipe:
 OMNI_MODALITIES = {"text", "audio", "image"}
 
 
+# a history audio part (its bytes are refused only by the encoder: a RIFF header alone)
+_AUDIO_PART = {"type": "audio", "audio": base64.b64encode(b"RIFF").decode()}
+
+
 def omni_recipe(model: Model) -> Recipe:
     def valid() -> Request:
         return {"text_input": text("hi"), "sampling_parameters": text(json.dumps(GREEDY))}
@@ -885,7 +889,17 @@ def omni_recipe(model: Model) -> Recipe:
         bad_json(), json_not_object().filter(lambda s: not s.startswith("[")),
         st.sampled_from([[1], ["hi"], [{"role": "system", "content": "x"}],
                          [{"role": "user", "content": 5}], [{"role": "user"}],
-                         [{**turn, "name": "x"}], [turn, None]]).map(json.dumps))
+                         [{**turn, "name": "x"}], [turn, None],
+                         # audio parts (history[i].content[j].audio)
+                         [{"role": "user", "content": [{"type": "audio", "audio": "!!"}]}],
+                         [{"role": "user", "content": [{"type": "audio"}]}],
+                         [{"role": "user", "content": [{"type": "audio", "audio": ""}]}],
+                         [{"role": "assistant", "content": [_AUDIO_PART]}],
+                         [{"role": "user", "content": [{"type": "image", "image": "eA=="}]}],
+                         [{"role": "user", "content": [{**_AUDIO_PART, "x": 1}]}],
+                         [{"role": "user", "content": []}],
+                         # more than the orchestrator's default max_audio_items (16)
+                         [{"role": "user", "content": [_AUDIO_PART] * 17}]]).map(json.dumps))
     talker_keys = {"temperature": st.one_of(st.floats(max_value=-1e-3, allow_nan=False),
                                             st.floats(min_value=2.001, allow_nan=False),
                                             st.sampled_from([math.nan, "hot"])),

@@ -284,3 +284,60 @@ def test_a_speech_timeline_names_each_stage_that_ran_in_order(url):
     assert len(outs) == len(result.chunks) and outs == sorted(outs)
     assert decoders[0]["last_s"] <= outs[0]
     assert "timeline" not in run_omni(url, text="tell me about the sea", sampling=THINKER).metrics
+
+
+# --- audio in the history -------------------------------------------------------------
+
+def _chat_reference(ref, chat: list[dict], audio: list[np.ndarray], voice: str,
+                    ) -> tuple[str, list[list[int]], np.ndarray]:
+    """_reference's (text, codec ids, waveform) for a whole chat after the system prompt,
+    its audio parts' clips in `audio` (the samples of the WAV files the server is sent)."""
+    model, processor = ref["model"], ref["processor"]
+    messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]}, *chat]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=prompt, audio=audio or None, return_tensors="pt")
+    cfg = model.config.talker_config
+    stops = [cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id]
+    torch.manual_seed(SEED)
+    with torch.no_grad():
+        seq, waveform = model.generate(
+            **inputs, speaker=voice, thinker_max_new_tokens=THINKER["max_tokens"],
+            thinker_do_sample=False, talker_do_sample=False,
+            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops)
+    codes = ref["codes"]["last"]
+    codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
+    reply = processor.tokenizer.decode(seq[0, inputs["input_ids"].shape[1]:],
+                                       skip_special_tokens=True)
+    return reply, [[c] for c in codes], waveform.numpy()
+
+
+def test_speech_after_an_earlier_spoken_turn_equals_qwen25_omni_in_transformers(url, reference):
+    """history [user: clip A + text, assistant: text], then a turn with clip B: the thinker
+    hears both clips (A in its history turn), the talker's positions count both, and the
+    text, codes and waveform are transformers' for the same chat; the reply differs from
+    the one to the chat without A."""
+    import base64
+
+    first, second = wav(tone(1.2, freq=523.0)), wav(tone(0.8, freq=300.0))
+    heard = [sf.read(io.BytesIO(data), dtype="float32")[0] for data in (first, second)]
+    said, question = "I hear it.", "and this one?"
+    chat = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "listen"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": said}]},
+            {"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": question}]}]
+    want_text, want_codes, want_wave = _chat_reference(reference, chat, heard, "Ethan")
+    unheard = [{"role": "user", "content": [{"type": "text", "text": "listen"}]}, *chat[1:]]
+    assert want_text != _chat_reference(reference, unheard, heard[1:], "Ethan")[0], \
+        "the earlier clip does not change transformers' reply: no test"
+    assert want_codes, "the reference talker produced no codes"
+    history = [{"role": "user", "content": [
+                   {"type": "audio", "audio": base64.b64encode(first).decode()},
+                   {"type": "text", "text": "listen"}]},
+               {"role": "assistant", "content": said}]
+    result = run_omni(url, "omni", text=question, modalities=["text", "audio"], sampling=THINKER,
+                      seed=SEED, voice="Ethan", talker_sampling=TALKER, stream_audio=False,
+                      return_codec_ids=True, audio=second, history=history)
+    assert result.error is None, result.error
+    assert result.text == want_text
+    assert result.codec_ids == want_codes
+    assert result.audio.shape == want_wave.shape
+    assert np.abs(result.audio - want_wave).max() < 1e-4

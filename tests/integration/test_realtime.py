@@ -194,6 +194,43 @@ def test_an_audio_turn_committed_by_hand_is_heard(openai_frontend, omni_chat_ser
     assert_within_one_step(pcm(events), want.audio)
 
 
+def test_an_earlier_audio_turn_is_heard_at_the_next_turn(openai_frontend, omni_chat_server):
+    """An audio turn committed by hand (answered in text), then a spoken text turn: its
+    answer is the omni entry model's to the same chat with the first turn's audio in
+    history, and its prompt holds that audio's tokens (not a text stand-in)."""
+    data = (tone(1.0, rate=24000, freq=523.0) * 32767).astype("<i2").tobytes()
+
+    async def run():
+        async with realtime(openai_frontend) as rt:
+            await rt.update({**SESSION, "output_modalities": ["text"]})
+            await rt.send(type="input_audio_buffer.append", audio=base64.b64encode(data).decode())
+            await rt.send(type="input_audio_buffer.commit")
+            first = await rt.answer()
+            await rt.update({**SESSION, "output_modalities": ["audio"]})
+            await rt.say("what did you hear?")
+            return first, await rt.answer()
+
+    first, second = _run(run())
+    (said,) = [e.text for e in first if e.type == "response.output_text.done"]
+    clip = {"type": "audio", "audio": base64.b64encode(input_wav(data)).decode()}
+    prompt = RealtimeSettings().audio_prompt
+    spoken = [clip, *([{"type": "text", "text": prompt}] if prompt else [])]
+    want = reference(omni_chat_server.grpc_url, "what did you hear?",
+                     history=[{"role": "user", "content": spoken},
+                              {"role": "assistant", "content": said}])
+    stand_in = reference(omni_chat_server.grpc_url, "what did you hear?",
+                         history=[{"role": "user", "content": "(the user spoke)"},
+                                  {"role": "assistant", "content": said}], speak=False)
+    assert want.text != stand_in.text, "the earlier audio does not change the reply: no test"
+    assert transcript(second) == want.text and want.text
+    assert_within_one_step(pcm(second), want.audio)
+    usage = [events[-1].response.usage for events in (first, second)]
+    assert usage[1].input_tokens == want.usage.prompt_tokens
+    # turn 2's prompt holds turn 1's (its audio tokens and all) and its reply
+    assert usage[1].input_tokens > usage[0].input_tokens + usage[0].output_tokens
+    assert usage[1].input_tokens > stand_in.usage.prompt_tokens
+
+
 QUERIES, HITS = "omni_llm_prefix_cache_queries_total", "omni_llm_prefix_cache_hits_total"
 RECOMPUTED = "omni_llm_hidden_rows_recomputed_total"
 CPU_BLOCK = 128  # vLLM's KV block on CPU: the prefix cache keeps whole blocks

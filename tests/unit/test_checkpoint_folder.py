@@ -172,7 +172,7 @@ def test_a_qwen3_omni_folder_leaves_out_the_stages_its_family_does_without(tmp_p
         assert json.loads((repo / stage / "engine.json").read_text())["model"] == str(folder)
     # its thinker takes a request's video (the Qwen2.5-Omni preset's takes none)
     assert json.loads((repo / "llm" / "engine.json").read_text())["limit_mm_per_prompt"] == {
-        "image": 1, "audio": 1, "video": 1}
+        "image": 1, "audio": 16, "video": 1}
 
 
 def test_a_qwen3_omni_thinking_folder_serves_text_without_the_speech_stages(tmp_path, capsys):

@@ -152,7 +152,8 @@ class ScriptedStages:
             prompt = inputs[LLM.TEXT_INPUT][0].decode()
             # one placeholder per item; the engine expands it
             assert prompt.count("<|IMAGE|>") == (LLM.IMAGE_EMBEDS in inputs or LLM.IMAGE in inputs)
-            assert prompt.count("<|AUDIO|>") == (LLM.AUDIO_FEATURES in inputs or LLM.AUDIO in inputs)
+            clips = inputs.get(LLM.AUDIO_FEATURE_LENGTHS, inputs.get(LLM.AUDIO, ()))
+            assert prompt.count("<|AUDIO|>") == len(clips)
             ids = prompt_ids_of(prompt)
         self.thinker_prompt_ids.append(ids)
         sampling = json.loads(inputs[LLM.SAMPLING_PARAMETERS][0])

@@ -91,7 +91,7 @@ def test_each_turn_extends_the_previous_prompt_and_reply():
     ('[{"role": "system", "content": "x"}]', "history[0].role",
      "must be one of ['user', 'assistant'], got 'system'"),
     ('[{"role": "user", "content": "x"}, {"role": "assistant"}]', "history[1].content",
-     "must be a string, got None"),
+     "must be a string or a non-empty list of"),
     ('[{"role": "user", "content": "x", "name": "bob"}]', "history[0]", "unknown key 'name'"),
 ])
 def test_a_bad_history_names_the_field(raw, field, message):

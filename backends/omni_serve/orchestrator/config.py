@@ -215,6 +215,9 @@ class OrchestratorConfig(RefusesRemovedSettings):
     remote_ready_timeout_s: float = Field(default=900.0, ge=0)
     # Largest image or audio file a request may carry (bytes), checked before any stage runs.
     max_media_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    # Most audio items one request's thinker hears: its `history` turns' audio parts and
+    # its `audio` (each within max_media_bytes).
+    max_audio_items: int = Field(default=16, ge=1)
     # A clip's limits (bytes, seconds, frames, frame size), checked on its header before any
     # stage runs; the thinker checks the same (omni-gen-repo writes the spec's
     # `video_limits` to both).

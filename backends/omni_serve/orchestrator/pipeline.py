@@ -67,6 +67,15 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
     return (real or leaves)[0]
 
 
+def _joined(*found: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Media shapes of several items, each name's rows in order."""
+    out: dict[str, np.ndarray] = {}
+    for shapes in found:
+        for name, value in shapes.items():
+            out[name] = np.concatenate([out[name], value]) if name in out else value
+    return out
+
+
 class StageCallError(Exception):
     """What a StageClient raises when a stage answers with an error (or not at all)."""
 
@@ -208,7 +217,9 @@ class OmniPipeline:
     async def _encode(self, req: OmniRequest, t: Timings
                       ) -> tuple[dict[str, np.ndarray], str, dict[str, np.ndarray]]:
         """The encoders' outputs as thinker inputs, the prompt with one placeholder each,
-        and, for speech, the shapes of the media the thinker takes raw.
+        and, for speech, the shapes of the media the thinker takes raw. Audio is every clip
+        of the conversation in prompt order (`history`'s, then the request's), each encoded
+        alone (or sent as its file), their features / lengths / shapes in that order.
 
         A modality the family's thinker takes raw (`raw_media`) goes to it as the file:
         an image as base64 (the `image` input vllm_backend defined), audio and video as
@@ -221,36 +232,42 @@ class OmniPipeline:
         jobs, roles, shape_jobs = [], [], []
         media: dict[str, np.ndarray] = {}
         kinds: list[Media] = []
-        sent = {"audio": req.audio, "image": req.image, "video": req.video}
+        clips = req.audio_clips  # the history's, then this turn's: the prompt's order
+        sent = {"audio": clips or None, "image": req.image, "video": req.video}
         all_raw = any(data is not None and kind in self.cfg.raw_media
                       for kind, data in sent.items())
-        for role, kind, data, outputs in (
-                ("audio_encoder", "audio", req.audio, [ENCODER.FEATURES]),
-                ("image_encoder", "image", req.image, [ENCODER.EMBEDDINGS, ENCODER.GRID_THW])):
-            if data is None:
+        for role, kind, items, outputs in (
+                ("audio_encoder", "audio", clips, [ENCODER.FEATURES]),
+                ("image_encoder", "image", [] if req.image is None else [req.image],
+                 [ENCODER.EMBEDDINGS, ENCODER.GRID_THW])):
+            if not items:
                 continue
-            kinds.append(kind)  # the prompt's placeholders: audio, then image
+            if kind == "image" or req.audio is not None:
+                kinds.append(kind)  # this turn's placeholders: audio, then image
             if all_raw:
-                raw = base64.b64encode(data) if kind == "image" else data
-                media[LLM.IMAGE if kind == "image" else LLM.AUDIO] = np.array([raw],
+                raw = [base64.b64encode(data) if kind == "image" else data for data in items]
+                media[LLM.IMAGE if kind == "image" else LLM.AUDIO] = np.array(raw,
                                                                               dtype=np.object_)
                 if req.wants_audio:
-                    shape_jobs.append(asyncio.to_thread(self._raw_shapes, kind, data))
+                    shape_jobs += [asyncio.to_thread(self._raw_shapes, kind, d) for d in items]
                 continue
-            jobs.append(self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
-                                    outputs, t))
-            roles.append(role)
+            jobs += [self._infer(role, {ENCODER.MEDIA: np.array([[data]], dtype=np.object_)},
+                                 outputs, t) for data in items]
+            roles += [role] * len(items)
+        heard = []  # each clip's features [mel bins, frames]
         for role, out in zip(roles, await asyncio.gather(*jobs)):
             if role == "audio_encoder":
                 features = np.asarray(out[ENCODER.FEATURES], dtype=np.float32)
-                features = features.reshape(features.shape[-2], features.shape[-1])
-                media[LLM.AUDIO_FEATURES] = features
-                media[LLM.AUDIO_FEATURE_LENGTHS] = np.array([features.shape[1]], dtype=np.int64)
+                heard.append(features.reshape(features.shape[-2], features.shape[-1]))
             else:
                 rows = np.asarray(out[ENCODER.EMBEDDINGS], dtype=np.float32)
                 media[LLM.IMAGE_EMBEDS] = rows.reshape(-1, rows.shape[-1])
                 media[LLM.IMAGE_GRID_THW] = np.asarray(out[ENCODER.GRID_THW],
                                                        dtype=np.int64).reshape(1, 3)
+        if heard:
+            media[LLM.AUDIO_FEATURES] = np.concatenate(heard, axis=1)
+            media[LLM.AUDIO_FEATURE_LENGTHS] = np.array([f.shape[1] for f in heard],
+                                                        dtype=np.int64)
         video_shapes: dict[str, np.ndarray] = {}
         if req.video is not None:  # a raw-media family's (request parsing refused others)
             video_shapes, has_sound = await asyncio.to_thread(self._check_video, req.video)
@@ -263,9 +280,9 @@ class OmniPipeline:
                     video_shapes.update(await asyncio.to_thread(self._soundtrack_shapes,
                                                                 req.video))
         prompt = self.prompt.render(self.cfg.system_prompt, req.text, kinds, req.history)
-        shapes = {k: v for found in await asyncio.gather(*shape_jobs) for k, v in found.items()}
+        shapes = _joined(*await asyncio.gather(*shape_jobs))
         if req.wants_audio:
-            shapes.update(video_shapes)
+            shapes = _joined(shapes, video_shapes)  # a soundtrack's length after the clips'
         return media, prompt, shapes
 
     def _check_video(self, data: bytes) -> tuple[dict[str, np.ndarray], bool]:

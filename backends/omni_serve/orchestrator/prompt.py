@@ -34,10 +34,11 @@ class Tokenizer(Protocol):
 def messages(system: str, user: str, media: Sequence[Media] = (),
              history: Sequence[Turn] = ()) -> list[dict[str, Any]]:
     """The chat of one request: system (none when empty: the template's own default),
-    the earlier turns, then the user's media and text (a plain string when there is no
+    the earlier turns (a turn with audio as its parts in order, each audio part one
+    placeholder), then the user's media and text (a plain string when there is no
     media, which every chat template reads; none when the turn is media alone)."""
     chat: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    chat += [{"role": turn.role, "content": turn.content} for turn in history]
+    chat += [{"role": turn.role, "content": _content(turn.content)} for turn in history]
     if media:
         content: Any = [{"type": kind} for kind in media]
         if user:
@@ -46,6 +47,13 @@ def messages(system: str, user: str, media: Sequence[Media] = (),
         content = user
     chat.append({"role": "user", "content": content})
     return chat
+
+
+def _content(content: str | Sequence[tuple[str, Any]]) -> Any:
+    if isinstance(content, str):
+        return content
+    return [{"type": "text", "text": value} if kind == "text" else {"type": kind}
+            for kind, value in content]
 
 
 class ChatPrompt:

@@ -6,6 +6,8 @@ input and what is allowed.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +21,8 @@ from omni_serve.orchestrator.config import OrchestratorConfig
 
 HISTORY_ROLES = ("user", "assistant")
 HISTORY_RULES = ChatRules(
-    shape='a JSON array of {"role": "user"|"assistant", "content": "..."} objects',
-    roles=HISTORY_ROLES, keys=("role", "content"))
+    shape='a JSON array of {"role": "user"|"assistant", "content": "..." or [parts]} objects',
+    roles=HISTORY_ROLES, keys=("role", "content"), media_parts=("audio",))
 MAX_SESSION_ID_CHARS = 256
 
 # talker_sampling_parameters: each key's kind, its allowed range (low, low
@@ -42,7 +44,15 @@ class Turn:
     """One earlier message of the conversation (`history`)."""
 
     role: str  # "user" or "assistant"
-    content: str
+    # the text, or the parts in order: ("text", str) or ("audio", a sound file's bytes)
+    content: str | tuple[tuple[str, str | bytes], ...]
+
+    @property
+    def audio(self) -> tuple[bytes, ...]:
+        """The turn's sound files, in order."""
+        if isinstance(self.content, str):
+            return ()
+        return tuple(value for kind, value in self.content if kind == "audio")
 
 
 @dataclass
@@ -72,6 +82,12 @@ class OmniRequest:
     return_codec_ids: bool = False
     # add the request's timeline to the final metrics
     return_timeline: bool = False
+
+    @property
+    def audio_clips(self) -> list[bytes]:
+        """Every sound file of the conversation in prompt order: history's, then `audio`."""
+        clips = [clip for turn in self.history for clip in turn.audio]
+        return clips + ([self.audio] if self.audio is not None else [])
 
     @property
     def wants_audio(self) -> bool:
@@ -153,9 +169,47 @@ def _session_id(tensors: dict[str, np.ndarray | None]) -> str | None:
     return value
 
 
-def _history(tensors: dict[str, np.ndarray | None]) -> tuple[Turn, ...]:
+def _history(tensors: dict[str, np.ndarray | None], cfg: OrchestratorConfig) -> tuple[Turn, ...]:
     chat = json_chat(OMNI.HISTORY, scalar(tensors, OMNI.HISTORY), HISTORY_RULES)
-    return tuple(Turn(m["role"], m["content"]) for m in chat or ())
+    turns = []
+    for i, message in enumerate(chat or ()):
+        content = message["content"]
+        if not isinstance(content, str):
+            content = tuple(_history_part(f"{OMNI.HISTORY}[{i}].content[{j}]", message["role"],
+                                          part, cfg) for j, part in enumerate(content))
+        turns.append(Turn(message["role"], content))
+    clips = sum(len(turn.audio) for turn in turns)
+    if clips > cfg.max_audio_items:
+        raise RequestError(OMNI.HISTORY, f"carries {clips} audio parts; at most "
+                                         f"{cfg.max_audio_items} audio items per request "
+                                         "(max_audio_items)")
+    return tuple(turns)
+
+
+def _history_part(where: str, role: str, part: dict[str, Any], cfg: OrchestratorConfig
+                  ) -> tuple[str, str | bytes]:
+    """("text", str) or ("audio", the file's bytes) of one checked history content part."""
+    if part["type"] == "text":
+        return "text", part["text"]
+    where = f"{where}.audio"
+    if role != "user":
+        raise RequestError(where, "only a user turn may carry audio (an assistant turn is "
+                                  "its text)")
+    value = part.get("audio")
+    if not isinstance(value, str) or not value:
+        raise RequestError(where, "must be the base64 of a sound file (WAV, FLAC, MP3, ...)")
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(where, "is not valid base64 (the sound file's bytes)") from None
+    if not data:
+        raise RequestError(where, "is empty; send the sound file's bytes as base64")
+    if len(data) > cfg.max_media_bytes:
+        raise RequestError(where, f"is {len(data)} bytes; at most {cfg.max_media_bytes} are "
+                                  "allowed (max_media_bytes)")
+    if not cfg.stages.audio_encoder and OMNI.AUDIO not in cfg.raw_media:
+        raise RequestError(where, f"this pipeline has no {OMNI.AUDIO} encoder stage")
+    return "audio", data
 
 
 def _talker_sampling(tensors: dict[str, np.ndarray | None]) -> dict[str, Any]:
@@ -228,7 +282,7 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
                                f"must be 1: the omni model answers with one reply; "
                                f"got {sampling['n']!r}")
     task = _task(tensors, cfg)
-    history = _history(tensors)
+    history = _history(tensors, cfg)
     if history and task != "chat":
         raise RequestError(OMNI.HISTORY, f"is only used by task chat (task {task} reads "
                                          "text_input aloud)")
@@ -258,6 +312,10 @@ def parse_request(request_id: str, tensors: dict[str, np.ndarray | None],
         raise RequestError(OMNI.TEXT_INPUT, "is required and must not be empty (a chat turn "
                                             f"may be media alone: {OMNI.IMAGE}, {OMNI.AUDIO} "
                                             f"or {OMNI.VIDEO})")
+    if len(req.audio_clips) > cfg.max_audio_items:
+        raise RequestError(OMNI.AUDIO, f"is audio item {len(req.audio_clips)} of this request "
+                                       f"(with {OMNI.HISTORY}'s); at most {cfg.max_audio_items} "
+                                       "are allowed (max_audio_items)")
     if req.use_audio_in_video and req.video is None:
         raise RequestError(OMNI.USE_AUDIO_IN_VIDEO, f"needs a {OMNI.VIDEO}: it hears the clip's "
                                                     "soundtrack")

@@ -4,12 +4,13 @@ Runs in the omni-openai process, with no I/O. Items come from the client
 (`conversation.item.create`, a committed audio buffer) and from responses (the
 assistant's reply, as far as it was sent). A response runs the whole
 conversation: the last item is the user's new turn (its text and its audio),
-the items before it are the history (text only: the omni pipeline carries the
-media of the new turn only, so an earlier audio turn goes as its text, or as
-the audio prompt when it had none).
+the items before it are the history, an earlier audio turn with its audio (as
+the omni entry model's history audio parts), so the thinker hears every turn and
+each turn's prompt extends the one before.
 """
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,8 +19,6 @@ from omni_client.openai_server.realtime.client_events import ItemIn, RealtimeErr
 from omni_client.openai_server.realtime.server_events import new_id
 
 Role = Literal["user", "assistant", "system"]
-# an earlier user turn that was audio alone, in the history (which carries text only)
-AUDIO_TURN_IN_HISTORY = "(the user spoke)"
 PART_TYPES = {"user": ("input_text", "input_audio"), "system": ("input_text",),
               "assistant": ("output_text", "output_audio", "text")}
 
@@ -113,7 +112,14 @@ class Turn:
 
     text: str
     audio_wav: bytes | None
-    history: list[dict[str, str]]
+    # [{"role", "content"}]: a string, or an audio turn's parts (omni `history`)
+    history: list[dict[str, Any]]
+
+    @property
+    def has_audio(self) -> bool:
+        """Whether the model must hear audio (this turn's or an earlier one's)."""
+        return self.audio_wav is not None or any(
+            not isinstance(turn["content"], str) for turn in self.history)
 
 
 class Conversation:
@@ -162,10 +168,20 @@ class Conversation:
         *before, last = self.items
         history = [{"role": "system", "content": system}] if system else []
         for item in before:
-            content = item.text or (audio_prompt or AUDIO_TURN_IN_HISTORY
-                                    if item.audio is not None else "")
+            content = _history_content(item, audio_prompt)
             if content:  # a reply cancelled before its first word says nothing
                 history.append({"role": item.role, "content": content})
         audio = last.audio
         return Turn(text=last.text or audio_prompt,
                     audio_wav=None if audio is None else wire.input_wav(audio), history=history)
+
+
+def _history_content(item: Item, audio_prompt: str) -> str | list[dict[str, str]]:
+    """An earlier item as a history turn's content: its text, or for an audio turn its
+    audio and then its text (the audio prompt when it had none), as the turn's own
+    request sent them, so its prompt is the same tokens."""
+    if item.audio is None:
+        return item.text
+    wav = base64.b64encode(wire.input_wav(item.audio)).decode("ascii")
+    text = item.text or audio_prompt
+    return [{"type": "audio", "audio": wav}, *([{"type": "text", "text": text}] if text else [])]

@@ -205,7 +205,7 @@ class RealtimeSession:
                           voice=options.voice if speak else None, seed=self.config.seed,
                           session_id=self.config.id,
                           talker_sampling=self.config.talker_sampling if speak else None)
-        elif turn.audio_wav is not None:
+        elif turn.has_audio:
             raise RealtimeError(f"model {self.config.model!r} reads text only",
                                 param="input_audio", code="invalid_value")
         self.response = ResponseRun(options, self.conversation,

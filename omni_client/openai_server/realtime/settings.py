@@ -23,8 +23,8 @@ class RealtimeSettings:
         max_session_s: a session is closed this long after it opened.
         audio_prompt: the text sent with a user turn that is audio only (empty, the
             default: the turn is the audio alone, as the model's processor takes it).
-            An earlier audio-only turn reaches the model in the history as this text,
-            or as AUDIO_TURN_IN_HISTORY when it is empty (history carries text only).
+            An earlier audio turn reaches the model in the history as its audio and
+            the same text, so the later turn's prompt extends its prompt.
     """
 
     max_sessions: int = 32
