@@ -237,9 +237,8 @@ def test_speech_about_a_video_equals_qwen3_omni_in_transformers(url, folder):
 
 # --- video with its sound (use_audio_in_video) ------------------------------------------
 
-# PCM: 3 s are a whole number of 10 ms feature frames. vLLM 0.32's Qwen3-Omni processor pads a
-# sound to whole frames where transformers drops the last part (AAC's 1024-sample frames,
-# 49152 samples, give 308 frames there and 307 here, and another reply).
+# PCM: 3 s are a whole number of 10 ms feature frames (an AAC soundtrack, 49152 samples, is
+# not: test_a_clip_heard_with_its_aac_sound_equals_qwen3_omni_in_transformers).
 HEARD_CLIP = functools.partial(clip, fps=10, frames=30, size=(64, 64), sound="chirp",
                                sound_codec="pcm_s16le")
 
@@ -293,6 +292,21 @@ def test_speech_about_a_clip_heard_with_its_sound_equals_qwen3_omni_in_transform
     assert result.text == _text(folder, want_ids)
     assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
     assert np.abs(result.audio - want_wave).max() < 1e-4
+
+
+def test_a_clip_heard_with_its_aac_sound_equals_qwen3_omni_in_transformers(url, folder):
+    """AAC codes sound in 1024-sample frames: the 3 s clip's soundtrack is 49152 samples, 307
+    feature frames in transformers (vLLM 0.32's own processor: 308, and another reply)."""
+    data = clip(fps=10, frames=30, size=(64, 64), sound="chirp", sound_codec="aac")
+    messages = _heard_messages(folder, data)
+    assert messages[0]["content"][0]["soundtrack"].size % 160
+    want = thinker_reply(folder, messages, max_new_tokens=GREEDY["max_tokens"],
+                         use_audio_in_video=True)
+    heard = run_omni_hearing(url, True, model=OMNI_MODEL, text=VIDEO_QUESTION,
+                             sampling=GREEDY, video=data)
+    assert heard.error is None, heard.error
+    assert heard.text == _text(folder, want)
+    assert heard.metrics["usage"]["completion_tokens"] == len(want)
 
 
 def test_a_thinking_folder_replies_as_transformers_and_refuses_audio(url):
@@ -373,6 +387,36 @@ def test_speech_about_media_equals_qwen3_omni_in_transformers(url, folder, case)
     assert result.error is None, result.error
     text = load(folder)[1].tokenizer.decode(want_ids, skip_special_tokens=True)
     assert result.text == text.removesuffix("\ufffd")
+    assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
+    assert np.abs(result.audio - want_wave).max() < 1e-4
+
+
+# --- sound that is no whole number of 10 ms hops ----------------------------------------
+
+# 16072 samples at 16 kHz (1.0045 s, 72 past the 100th 160-sample hop): transformers'
+# processor makes 100 feature frames (n // 160) and 13 audio tokens of it; vLLM 0.32's own
+# Qwen3-Omni processor pads it to 16160 samples, 101 frames and 14 tokens. The family's
+# thinker (qwen3_omni_moe/thinker_processor.py) makes transformers' frames, and the
+# orchestrator reads the same 100 for the talker's positions (processor_media_shapes).
+ODD_SOUND = (0.3 * np.sin(2 * np.pi * 260.0 * np.arange(16072) / 16000)).astype(np.float32)
+
+
+def test_speech_about_a_sound_of_an_odd_length_equals_qwen3_omni_in_transformers(url, folder):
+    heard = _heard(ODD_SOUND)
+    inputs = processor_inputs(load(folder)[1], [{"role": "user", "content": [
+        {"type": "audio", "audio": heard}, {"type": "text", "text": QUESTION}]}])
+    assert heard.size % 160 and inputs["feature_attention_mask"].sum() == heard.size // 160
+    want_ids, want_codes, want_wave = reference(
+        folder, inputs, speaker="ethan", seed=SEED, max_new_tokens=GREEDY["max_tokens"],
+        talker_max_new_tokens=GREEDY_TALKER["max_tokens"])
+    result = run_omni(url, model=OMNI_MODEL, text=QUESTION, modalities=["text", "audio"],
+                      sampling=GREEDY, talker_sampling=GREEDY_TALKER, seed=SEED, voice="ethan",
+                      return_codec_ids=True, audio=wav(ODD_SOUND))
+    assert result.error is None, result.error
+    # the thinker's prompt holds transformers' 13 audio tokens, not vLLM's 14
+    assert result.metrics["usage"]["prompt_tokens"] == inputs["input_ids"].shape[1]
+    assert result.text == _text(folder, want_ids)
+    assert result.metrics["usage"]["completion_tokens"] == len(want_ids)
     assert len(want_codes) > 1 and result.codec_ids == want_codes.tolist()
     assert np.abs(result.audio - want_wave).max() < 1e-4
 
@@ -610,3 +654,27 @@ def test_a_conversation_replies_as_transformers_and_its_prefix_cache_hits_rise(s
     for previous, turn in zip(turns, turns[1:]):
         assert turn["hits"] >= previous["prompt"] // BLOCK_SIZE * BLOCK_SIZE, turns
     assert turns[0]["hits"] < turns[1]["hits"] < turns[2]["hits"], turns
+
+
+def test_an_earlier_spoken_turn_is_heard_as_qwen3_omni_in_transformers(url, folder):
+    """history [user: audio A + text, assistant: text], then a text turn: the reply is
+    transformers' to the same chat with A heard (the thinker takes it raw, in history),
+    not the one to its text alone."""
+    clip_wav = wav(tone(1.2, freq=523.0))
+    heard = sf.read(io.BytesIO(clip_wav), dtype="float32")[0]
+    said, question = "I hear it.", "what did I play you?"
+    chat = [{"role": "user", "content": [{"type": "audio", "audio": heard},
+                                         {"type": "text", "text": "listen"}]},
+            {"role": "assistant", "content": said}, {"role": "user", "content": question}]
+    want = thinker_reply(folder, chat, max_new_tokens=GREEDY["max_tokens"])
+    unheard = thinker_reply(folder, [{"role": "user", "content": "listen"}, *chat[1:]],
+                            max_new_tokens=GREEDY["max_tokens"])
+    assert want != unheard, "the earlier clip does not change transformers' reply: no test"
+    history = [{"role": "user", "content": [
+                   {"type": "audio", "audio": base64.b64encode(clip_wav).decode()},
+                   {"type": "text", "text": "listen"}]},
+               {"role": "assistant", "content": said}]
+    result = run_omni(url, model=OMNI_MODEL, text=question, sampling=GREEDY, history=history)
+    assert result.error is None, result.error
+    assert result.text == _text(folder, want)
+    assert result.metrics["usage"]["completion_tokens"] == len(want)

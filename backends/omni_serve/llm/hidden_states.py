@@ -89,8 +89,10 @@ class _StepCapture:
         self.runner = runner
         self.dir = directory
         self.last: tuple | None = None
-        self.cache = row_cache.RowBlockCache(row_cache.budget_bytes(),
-                                             runner.cache_config.block_size)
+        block_size = getattr(getattr(runner, "cache_config", None), "block_size", None)
+        # without vLLM's KV block size there are no prefix-cache hits to fill: keep no rows
+        self.cache = row_cache.RowBlockCache(row_cache.budget_bytes() if block_size else 0,
+                                             block_size or 1)
         self.live: dict[str, row_cache.LiveRows] = {}  # capturing requests running
         forward, execute = runner._model_forward, runner.execute_model
 
