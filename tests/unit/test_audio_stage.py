@@ -33,7 +33,7 @@ from omni_serve.audio.request import (
 from omni_serve.audio.runner import AudioRunner, real_time_factor
 from omni_serve.contract import AUDIO, ENGINE_ARGS_FILE
 from omni_serve.errors import RequestError
-from omni_serve.families.qwen2_5_omni.token2wav import sample_mel
+from omni_serve.families.qwen2_5_omni.token2wav import LastCallMemo, sample_mel
 from omni_serve.families.qwen2_5_omni.token2wav_context import (
     dit_context_codes,
     ode_dit_passes,
@@ -331,6 +331,29 @@ def test_sampler_matches_the_library_forward_given_the_same_noise(runner):
         got = t2w.vocoder(sample_mel(t2w.dit, voice.cond, voice.ref_mel, codes, noise, num_steps=STEPS,
                                      guidance_scale=0.5, sway_coefficient=-1.0))
     assert torch.equal(want, got)
+
+
+def test_the_speaker_encoder_runs_once_per_voice_and_changes_no_sample(runner, monkeypatch):
+    embed = runner.decoder.dit.input_embed
+    memo = embed.spk_encoder
+    assert isinstance(memo, LastCallMemo)
+    calls = []
+    inner_forward = memo.inner.forward
+    monkeypatch.setattr(memo.inner, "forward", lambda x: calls.append(x.shape) or inner_forward(x))
+    memo._last = None
+    ethan = runner.run([req(12, seed=3, voice="Ethan")])[0]
+    assert len(calls) == 1  # STEPS time points, 4 DiT evaluations per interval, one encoder run
+    runner.run([req(12, seed=3, voice="Ethan")])
+    assert len(calls) == 1
+    chelsie = runner.run([req(12, seed=3, voice="Chelsie")])[0]
+    assert len(calls) == 2 and np.abs(chelsie - ethan).max() > 1e-3  # another reference mel: run again
+    embed.spk_encoder = memo.inner
+    try:
+        unwrapped = runner.run([req(12, seed=3, voice="Ethan")])[0]
+    finally:
+        embed.spk_encoder = memo
+    assert unwrapped.tobytes() == ethan.tobytes()
+    assert len(calls) == 2 + 4 * (STEPS - 1)  # unwrapped: once per DiT evaluation
 
 
 def test_output_is_the_audio_of_the_codes_after_the_context(runner):

@@ -241,3 +241,7 @@ FIRST_CHUNK = _child_scenario(
     "first-chunk", "first_chunk",
     "omni-chat: the first audio chunk's size vs first audio and playback stalls, per family",
     [], in_all=False)
+DECODER = _child_scenario(
+    "decoder", "decoder_cost",
+    "Audio stage: Token2Wav per chunk, with and without the speaker-encoder memo, 1 or 2 threads",
+    [], in_all=False)
