@@ -34,8 +34,7 @@ pytestmark = pytest.mark.integration
 THINKER = {"temperature": 0, "max_tokens": 12}
 TALKER = {"temperature": 0, "max_tokens": 40}
 # The streamed goldens measure chunk seams: 40 codes are under the family's first chunk
-# and its right context (24 + 32), so they go through an orchestrator over the same
-# stages whose first chunk is 12.
+# (48), so they go through an orchestrator over the same stages whose first chunk is 12.
 SEAMS = "omni_seams"
 SEED = 5
 STREAMED_SNR_DB = 60.0  # measured 91-96 dB on the tiny default (see docs/omni-chat.md)

@@ -81,7 +81,7 @@ def test_vllm_sampling_extensions_reach_the_engine(client, model):
 
 
 def test_chat_with_audio_out_streamed_and_whole(client, omni_chat_server):
-    # 96 codes: past the first chunk (24 codes + 32 of right context), so the stream has more than one
+    # 96 codes: past the first chunk (48 codes), so the stream has more than one
     talker = {"min_tokens": 96, "max_tokens": 96}
     kwargs = dict(model="omni", messages=_user("say something"), max_tokens=16,
                   modalities=["text", "audio"], extra_body={"talker_sampling_parameters": talker},

@@ -38,7 +38,7 @@ VOICE = "Ethan"
 EVENT_TIMEOUT_S = 120.0  # one event of a CPU pipeline, at worst
 SESSION = {"type": "realtime", "audio": {"output": {"voice": VOICE}}, "max_output_tokens": 16,
            "seed": 7, "temperature": 0,
-           # past the first audio chunk (24 codes + 32 of right context): the audio streams in pieces
+           # past the first audio chunk (48 codes): the audio streams in pieces
            "talker_sampling_parameters": {"min_tokens": 96, "max_tokens": 96}}
 # a reply long enough to cancel mid-way: the talker must make LONG codes unless stopped
 LONG = 1500

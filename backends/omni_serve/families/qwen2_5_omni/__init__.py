@@ -52,9 +52,9 @@ FAMILY = Family(
     voice_map=OPENAI_VOICE_MAP,
     # transformers' Qwen2_5OmniForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05},
-    # 24 codes = 0.48 s: the smallest first chunk the second chunk followed in time at
-    # concurrency 1 on the tiny default (omni-bench first-chunk; docs/omni-chat.md)
-    speech_chunks={"first_chunk_codes": 24},
+    # 48 codes = 0.96 s: 24 also come in time at concurrency 1 on the tiny default, but
+    # mean more decoder calls and later first audio at 16 (docs/omni-chat.md, first chunk)
+    speech_chunks={"first_chunk_codes": 48},
     speech=Qwen25OmniSpeech(),
     media_tokens=Qwen25OmniMediaTokens(),
     vllm_models={
