@@ -69,6 +69,12 @@ VLLM_SPIN_SLEEP_MAX_US = EnvVar(
     "OMNI_VLLM_SPIN_SLEEP_MAX_US", None,
     "Longest such sleep: each sleep of a wait doubles up to it (default 1000 on CPU, 0 on GPU)",
     "vLLM engine processes (omni_serve.llm.vllm_plugin)")
+VLLM_SPIN_FINE_MS = EnvVar(
+    "OMNI_VLLM_SPIN_FINE_MS", None,
+    "For this many milliseconds of a wait its sleeps double only up to 4x the first one, "
+    "then up to the longest (default 0: double up to the longest at once; e.g. 20 on a "
+    "host with spare cores)",
+    "vLLM engine processes (omni_serve.llm.vllm_plugin)")
 HIDDEN_STATES_DIR = EnvVar(
     "OMNI_HIDDEN_STATES_DIR", None,
     "Set by the stage, not by users: the /dev/shm folder its engine writes captured hidden "

@@ -39,14 +39,51 @@ def test_the_pause_sleeps_instead_of_yielding(monkeypatch):
 
 
 def test_a_wait_sleeps_twice_as_long_each_poll_up_to_the_cap_and_a_read_starts_over(monkeypatch):
+    slept, now = [], [0.0]
+    monkeypatch.setattr(vllm_plugin.time, "sleep", slept.append)
+    pause = vllm_plugin.make_pause(50, 1000, fine_ms=20, clock=lambda: now[0])
+    for _ in range(5):  # within the wait's first 20 ms: at most 4 x 50 us
+        pause()
+        now[0] += 0.001
+    assert slept == pytest.approx([50e-6, 100e-6, 200e-6, 200e-6, 200e-6])
+    now[0] = 0.02  # a long wait (an idle reader) backs off to the cap
+    for _ in range(4):
+        pause()
+    assert slept[5:] == pytest.approx([200e-6, 400e-6, 800e-6, 1000e-6])
+    pause.reset()  # a message was read: the next wait starts over, and so does its window
+    pause()
+    pause()
+    pause()
+    pause()
+    assert slept[9:] == pytest.approx([50e-6, 100e-6, 200e-6, 200e-6])
+
+
+@pytest.mark.parametrize("is_cpu, env, expected", [
+    (True, {}, 0.0),
+    (False, {}, 0.0),
+    (True, {vllm_plugin.FINE_ENV: "20"}, 20.0),
+    (False, {vllm_plugin.FINE_ENV: "5"}, 5.0),
+])
+def test_the_fine_window_defaults_to_the_cpu_platform_and_the_environment_wins(is_cpu, env, expected):
+    assert vllm_plugin.spin_fine_ms(is_cpu, env) == expected
+
+
+def test_without_a_fine_window_a_wait_doubles_up_to_the_cap(monkeypatch):
     slept = []
     monkeypatch.setattr(vllm_plugin.time, "sleep", slept.append)
     pause = vllm_plugin.make_pause(50, 300)
     for _ in range(5):
         pause()
-    pause.reset()
-    pause()
-    assert slept == pytest.approx([50e-6, 100e-6, 200e-6, 300e-6, 300e-6, 50e-6])
+    assert slept == pytest.approx([50e-6, 100e-6, 200e-6, 300e-6, 300e-6])
+
+
+def test_a_low_cap_bounds_the_fine_polls_too(monkeypatch):
+    slept = []
+    monkeypatch.setattr(vllm_plugin.time, "sleep", slept.append)
+    pause = vllm_plugin.make_pause(50, 120, fine_ms=20)
+    for _ in range(4):
+        pause()
+    assert slept == pytest.approx([50e-6, 100e-6, 120e-6, 120e-6])
 
 
 @pytest.mark.parametrize("is_cpu, env, expected", [
