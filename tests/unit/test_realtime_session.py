@@ -254,6 +254,64 @@ def test_committed_audio_reaches_the_pipeline_as_a_16khz_wav():
     asyncio.run(run())
 
 
+async def _spoken_turns(h: Harness, n: int) -> None:
+    """`n` committed audio turns (a distinct tone each), each answered."""
+    for i in range(n):
+        tone = 0.3 * np.sin(2 * np.pi * (200 + 10 * i) * np.arange(RATE // 10) / RATE)
+        await h.send(type="input_audio_buffer.append", audio=pcm_b64(tone))
+        await h.send(type="input_audio_buffer.commit")
+        await h.respond()
+
+
+def _heard(kwargs: dict) -> list[str]:
+    """The audio turns a pipeline call sends: its history's, then its own."""
+    clips = [part["audio"] for turn in kwargs["history"] or [] if not isinstance(turn["content"], str)
+             for part in turn["content"] if part["type"] == "audio"]
+    return clips + ([base64.b64encode(kwargs["audio"]).decode()] if kwargs["audio"] else [])
+
+
+def test_past_the_audio_turn_limit_the_oldest_turns_are_left_out_at_one_cut():
+    async def run():
+        h = Harness(max_audio_turns=4)
+        assert h.events[0]["session"]["truncation"] == "auto"  # OpenAI's default
+        await _spoken_turns(h, 7)
+        heard = [_heard(kwargs) for _, kwargs in h.pipeline.calls]
+        assert [len(x) for x in heard] == [1, 2, 3, 4, 2, 3, 4]
+        # the 5th turn cut the history to half the limit: its 4th turn and itself ...
+        assert heard[4] == heard[3][3:] + heard[4][-1:]
+        # ... and the next turns start from the same item, so each prompt extends the last
+        assert heard[5][:2] == heard[4] and heard[6][:3] == heard[5]
+        # the history after a cut starts with a user turn, and every turn is answered
+        history = h.pipeline.calls[4][1]["history"]
+        assert history[0]["role"] == "user" and history[1] == {"role": "assistant",
+                                                                "content": "Hello"}
+        assert types(h.events).count("response.done") == 7
+        assert {e["response"]["status"] for e in h.events if e["type"] == "response.done"} == \
+            {"completed"}
+    asyncio.run(run())
+
+
+def test_with_truncation_disabled_the_limit_fails_the_response_naming_it():
+    async def run():
+        h = Harness(max_audio_turns=2)
+        out = await h.send(type="session.update", session={"type": "realtime",
+                                                           "truncation": "disabled"})
+        assert out[0]["session"]["truncation"] == "disabled"
+        await _spoken_turns(h, 2)
+        tone = 0.3 * np.sin(2 * np.pi * 300 * np.arange(RATE // 10) / RATE)
+        await h.send(type="input_audio_buffer.append", audio=pcm_b64(tone))
+        await h.send(type="input_audio_buffer.commit")
+        (error,) = await h.send(type="response.create", event_id="e9")
+        assert error["type"] == "error" and error["error"]["param"] == "session.truncation"
+        assert "3 audio turns; at most 2" in error["error"]["message"]
+        assert "--realtime-max-audio-turns" in error["error"]["message"]
+        assert len(h.pipeline.calls) == 2  # nothing was sent; the session goes on
+        await h.send(type="session.update", session={"type": "realtime", "truncation": "auto"})
+        await h.respond()
+        assert len(_heard(h.pipeline.calls[2][1])) == 1
+    asyncio.run(run())
+
+
 def test_the_buffer_limit_refuses_audio_past_it():
     async def run():
         h = Harness(max_buffer_bytes=4800)

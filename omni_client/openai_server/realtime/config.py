@@ -63,6 +63,8 @@ class SessionConfig:
     seed: int | None = None
     temperature: float | None = None
     talker_sampling: dict[str, Any] | None = None
+    # "auto": past the audio-turn limit a response leaves out the oldest turns (Conversation)
+    truncation: Literal["auto", "disabled"] = "auto"
 
     @classmethod
     def create(cls, model: str, *, audio_out: bool, system_turn: bool) -> SessionConfig:
@@ -89,6 +91,8 @@ class SessionConfig:
             changes["max_output_tokens"] = _max_tokens(patch.max_output_tokens,
                                                        "session.max_output_tokens")
         _no_tools(patch.tools, "session.tools")
+        if patch.truncation is not None:
+            changes["truncation"] = patch.truncation
         if patch.audio is not None:
             changes.update(self._audio(patch))
         for name in ("seed", "temperature", "talker_sampling_parameters"):
@@ -166,7 +170,7 @@ class SessionConfig:
                                 "turn_detection": self.turn_detection},
                       "output": {"format": PCM, "voice": self.voice, "speed": 1.0}},
             "max_output_tokens": self.max_output_tokens, "tools": [], "tool_choice": "auto",
-            "tracing": None, "truncation": "disabled",
+            "tracing": None, "truncation": self.truncation,
         }
 
 

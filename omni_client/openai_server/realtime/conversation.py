@@ -7,6 +7,12 @@ conversation: the last item is the user's new turn (its text and its audio),
 the items before it are the history, an earlier audio turn with its audio (as
 the omni entry model's history audio parts), so the thinker hears every turn and
 each turn's prompt extends the one before.
+
+A response sends at most `max_audio` audio turns (the omni model hears each one
+again). Past that, with truncation on (OpenAI's `truncation: auto`), the oldest
+turns are left out until half of the limit is left, and later responses start
+from the same item until the limit is reached again, so their prompts still
+extend each other (the thinker's prefix cache hits) between cuts.
 """
 from __future__ import annotations
 
@@ -127,6 +133,7 @@ class Conversation:
 
     def __init__(self) -> None:
         self.items: list[Item] = []
+        self._start: str | None = None  # the first item responses send (None: the first one)
 
     @property
     def last_id(self) -> str | None:
@@ -155,17 +162,21 @@ class Conversation:
         self.items.insert(index, item)
         return self.items[index - 1].id if index else None
 
-    def turn(self, *, audio_prompt: str, system: str | None) -> Turn:
-        """The new user turn and the history before it (with `system` first, if given).
+    def turn(self, *, audio_prompt: str, system: str | None, max_audio: int = 16,
+             truncate: bool = True) -> Turn:
+        """The new user turn and the history before it (with `system` first, if given), at
+        most `max_audio` of them audio turns (module docstring).
 
         Raises:
-            RealtimeError: the conversation does not end with a user item.
+            RealtimeError: the conversation does not end with a user item, or it has more
+                audio turns than `max_audio` and `truncate` is off.
         """
         if not self.items or self.items[-1].role != "user":
             raise RealtimeError("a response answers the user: add a user item (or commit the "
                                 "input audio buffer) first", param="response",
                                 code="conversation_has_no_user_turn")
-        *before, last = self.items
+        before = self._window(max_audio, truncate)
+        last = self.items[-1]
         history = [{"role": "system", "content": system}] if system else []
         for item in before:
             content = _history_content(item, audio_prompt)
@@ -174,6 +185,31 @@ class Conversation:
         audio = last.audio
         return Turn(text=last.text or audio_prompt,
                     audio_wav=None if audio is None else wire.input_wav(audio), history=history)
+
+
+    def _window(self, max_audio: int, truncate: bool) -> list[Item]:
+        """The items before the last one that this response sends."""
+        ids = [it.id for it in self.items]
+        start = ids.index(self._start) if self._start in ids else 0
+        window = self.items[start:-1]
+        heard = _audio_turns(self.items[start:])
+        if heard <= max_audio:
+            return window
+        if not truncate:
+            raise RealtimeError(f"this response would send {heard} audio turns; at most "
+                                f"{max_audio} are allowed (omni-openai --realtime-max-audio-turns)"
+                                "; with session.truncation 'auto' the oldest turns are left out",
+                                param="session.truncation", code="invalid_value")
+        keep = max(1, max_audio // 2)
+        while window and (_audio_turns(window) + _audio_turns(self.items[-1:]) > keep
+                          or window[0].role != "user"):
+            window.pop(0)
+        self._start = window[0].id if window else self.items[-1].id
+        return window
+
+
+def _audio_turns(items: list[Item]) -> int:
+    return sum(it.audio is not None for it in items)
 
 
 def _history_content(item: Item, audio_prompt: str) -> str | list[dict[str, str]]:

@@ -193,7 +193,9 @@ class RealtimeSession:
                                 code="conversation_already_has_active_response")
         options = self.config.response_options(patch)
         turn = self.conversation.turn(audio_prompt=self._settings.audio_prompt,
-                                      system=options.instructions or None)
+                                      system=options.instructions or None,
+                                      max_audio=self._settings.max_audio_turns,
+                                      truncate=self.config.truncation == "auto")
         last = self.conversation.items[-1].id
         committed = self._committed_at
         turn_end = committed[1] if committed and committed[0] == last else time.perf_counter()

@@ -25,6 +25,11 @@ class RealtimeSettings:
             default: the turn is the audio alone, as the model's processor takes it).
             An earlier audio turn reaches the model in the history as its audio and
             the same text, so the later turn's prompt extends its prompt.
+        max_audio_turns: audio turns one response sends, the new one and the earlier
+            ones the model hears again; the omni model's `max_audio_items` (16 in the
+            presets) must allow as many. Past it, a session with `truncation: auto`
+            (the default, as OpenAI's) leaves out its oldest turns; with `disabled`
+            the response fails with an error naming this limit.
     """
 
     max_sessions: int = 32
@@ -32,9 +37,11 @@ class RealtimeSettings:
     idle_timeout_s: float = 300.0
     max_session_s: float = 3600.0
     audio_prompt: str = ""
+    max_audio_turns: int = 16
 
     def __post_init__(self):
-        for name in ("max_sessions", "max_buffer_bytes", "idle_timeout_s", "max_session_s"):
+        for name in ("max_sessions", "max_buffer_bytes", "idle_timeout_s", "max_session_s",
+                     "max_audio_turns"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"realtime {name} must be positive, got {getattr(self, name)!r}")
 
@@ -52,12 +59,14 @@ _HELP = {
     "max_session_s": "seconds a session may last (default: %(default)s)",
     "audio_prompt": "text sent with a user turn that is audio only (default: none, the "
                     "audio alone)",
+    "max_audio_turns": "audio turns one response sends, earlier ones included; at most the "
+                       "omni model's max_audio_items (default: %(default)s)",
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`--realtime-max-sessions`, `--realtime-max-buffer-bytes`, `--realtime-idle-timeout-s`,
-    `--realtime-max-session-s` and `--realtime-audio-prompt`."""
+    `--realtime-max-session-s`, `--realtime-audio-prompt` and `--realtime-max-audio-turns`."""
     defaults = RealtimeSettings()
     for f in fields(RealtimeSettings):
         default = getattr(defaults, f.name)
