@@ -104,7 +104,7 @@ def _reference(ref, text: str, voice: str, image: bytes | None = None,
                audio: np.ndarray | None = None, video: bytes | None = None,
                use_audio_in_video: bool = False) -> tuple[str, list[list[int]], np.ndarray]:
     """(reply text, codec ids as [frames][1], waveform) of transformers' generate(return_audio=True)."""
-    model, processor = ref["model"], ref["processor"]
+    processor = ref["processor"]
     heard = {"use_audio_in_video": True} if use_audio_in_video else {}
     if audio is not None:  # what the server gets: the samples of the WAV file it is sent
         audio, _ = sf.read(io.BytesIO(wav(audio)), dtype="float32")
@@ -124,19 +124,7 @@ def _reference(ref, text: str, voice: str, image: bytes | None = None,
     for pixels in ("pixel_values", "pixel_values_videos"):
         if pixels in inputs:  # generate would hand them to the talker too, which refuses them
             inputs[f"thinker_{pixels}"] = inputs.pop(pixels)
-    cfg = model.config.talker_config
-    stops = [cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id]
-    torch.manual_seed(SEED)
-    with torch.no_grad():
-        seq, waveform = model.generate(
-            **inputs, speaker=voice, thinker_max_new_tokens=THINKER["max_tokens"],
-            thinker_do_sample=False, talker_do_sample=False,
-            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops, **heard)
-    codes = ref["codes"]["last"]
-    codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
-    reply = processor.tokenizer.decode(seq[0, inputs["input_ids"].shape[1]:],
-                                       skip_special_tokens=True)
-    return reply, [[c] for c in codes], waveform.numpy()  # one codebook: a code per frame
+    return _generate(ref, inputs, voice, **heard)
 
 
 def _served(url: str, text: str, voice: str, *, stream_audio: bool, image=None, audio=None,
@@ -292,10 +280,17 @@ def _chat_reference(ref, chat: list[dict], audio: list[np.ndarray], voice: str,
                     ) -> tuple[str, list[list[int]], np.ndarray]:
     """_reference's (text, codec ids, waveform) for a whole chat after the system prompt,
     its audio parts' clips in `audio` (the samples of the WAV files the server is sent)."""
-    model, processor = ref["model"], ref["processor"]
+    processor = ref["processor"]
     messages = [{"role": "system", "content": [{"type": "text", "text": ref["system"]}]}, *chat]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=prompt, audio=audio or None, return_tensors="pt")
+    return _generate(ref, inputs, voice)
+
+
+def _generate(ref, inputs, voice: str, **kwargs) -> tuple[str, list[list[int]], np.ndarray]:
+    """transformers' greedy generate(return_audio=True) on processor outputs: (reply text,
+    codec ids as [frames][1] up to the talker's first stop code, waveform)."""
+    model, processor = ref["model"], ref["processor"]
     cfg = model.config.talker_config
     stops = [cfg.tts_codec_pad_token_id, cfg.tts_codec_end_token_id]
     torch.manual_seed(SEED)
@@ -303,12 +298,12 @@ def _chat_reference(ref, chat: list[dict], audio: list[np.ndarray], voice: str,
         seq, waveform = model.generate(
             **inputs, speaker=voice, thinker_max_new_tokens=THINKER["max_tokens"],
             thinker_do_sample=False, talker_do_sample=False,
-            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops)
+            talker_max_new_tokens=TALKER["max_tokens"], talker_eos_token_id=stops, **kwargs)
     codes = ref["codes"]["last"]
     codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
     reply = processor.tokenizer.decode(seq[0, inputs["input_ids"].shape[1]:],
                                        skip_special_tokens=True)
-    return reply, [[c] for c in codes], waveform.numpy()
+    return reply, [[c] for c in codes], waveform.numpy()  # one codebook: a code per frame
 
 
 def test_speech_after_an_earlier_spoken_turn_equals_qwen25_omni_in_transformers(url, reference):
