@@ -340,7 +340,7 @@ def test_the_speaker_encoder_runs_once_per_voice_and_changes_no_sample(runner, m
     calls = []
     inner_forward = memo.inner.forward
     monkeypatch.setattr(memo.inner, "forward", lambda x: calls.append(x.shape) or inner_forward(x))
-    memo._last = None
+    memo.forget()
     ethan = runner.run([req(12, seed=3, voice="Ethan")])[0]
     assert len(calls) == 1  # STEPS time points, 4 DiT evaluations per interval, one encoder run
     runner.run([req(12, seed=3, voice="Ethan")])

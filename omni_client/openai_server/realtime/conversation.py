@@ -186,13 +186,12 @@ class Conversation:
         return Turn(text=last.text or audio_prompt,
                     audio_wav=None if audio is None else wire.input_wav(audio), history=history)
 
-
     def _window(self, max_audio: int, truncate: bool) -> list[Item]:
         """The items before the last one that this response sends."""
         ids = [it.id for it in self.items]
         start = ids.index(self._start) if self._start in ids else 0
         window = self.items[start:-1]
-        heard = _audio_turns(self.items[start:])
+        heard = _audio_turns(self.items[start:])  # the window's and the new turn's
         if heard <= max_audio:
             return window
         if not truncate:
@@ -201,9 +200,8 @@ class Conversation:
                                 "; with session.truncation 'auto' the oldest turns are left out",
                                 param="session.truncation", code="invalid_value")
         keep = max(1, max_audio // 2)
-        while window and (_audio_turns(window) + _audio_turns(self.items[-1:]) > keep
-                          or window[0].role != "user"):
-            window.pop(0)
+        while window and (heard > keep or window[0].role != "user"):
+            heard -= window.pop(0).audio is not None
         self._start = window[0].id if window else self.items[-1].id
         return window
 

@@ -12,10 +12,10 @@ differ in one thing each, measured in alternating order within each round:
 
 With and without the memo the samples are the same (checked: bitwise; the run fails
 otherwise); with 2 threads they may differ by float rounding (the largest difference is
-reported). Reports ms per decode (median
-of the rounds' medians) and each side's ratio to the default.
+reported). Reports ms per decode (median of the rounds' medians) and each side's ratio
+to the default.
 
-    omni-bench decoder -- --codes 16 48 64 --rounds 5
+    omni-bench decoder -- --codes 24 48 64 --rounds 5
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _side(decoder: Any, name: str) -> Iterator[None]:
 
     embed = decoder.dit.input_embed
     memo, threads = embed.spk_encoder, torch.get_num_threads()
-    memo._last = None  # its output may have been made with another thread count
+    memo.forget()  # its output may have been made with another thread count
     if name == "no memo":
         embed.spk_encoder = memo.inner
     elif name == "2 threads":

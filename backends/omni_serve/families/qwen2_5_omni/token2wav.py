@@ -190,6 +190,10 @@ class LastCallMemo(torch.nn.Module):
         self._last = (x.detach().clone(), out.detach())
         return out
 
+    def forget(self) -> None:
+        """The next call runs the module (its output may differ now: other torch threads)."""
+        self._last = None
+
 
 def sample_mel(dit, cond: torch.Tensor, ref_mel: torch.Tensor, codes: torch.Tensor, noise: torch.Tensor, *,
                num_steps: int, guidance_scale: float, sway_coefficient: float) -> torch.Tensor:
