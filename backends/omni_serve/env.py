@@ -75,6 +75,11 @@ VLLM_SPIN_FINE_MS = EnvVar(
     "then up to the longest (default 0: double up to the longest at once; e.g. 20 on a "
     "host with spare cores)",
     "vLLM engine processes (omni_serve.llm.vllm_plugin)")
+VLLM_WORKER_IN_ENGINE = EnvVar(
+    "OMNI_VLLM_WORKER_IN_ENGINE", "1",
+    "On the CPU platform, a one-worker vLLM engine runs its worker inside the engine-core "
+    "process (vLLM's `uni` executor, as on one GPU); `0` keeps vLLM's worker process",
+    "omni_llm, omni_talker (omni_serve.llm.cpu_engine)")
 HIDDEN_STATES_DIR = EnvVar(
     "OMNI_HIDDEN_STATES_DIR", None,
     "Set by the stage, not by users: the /dev/shm folder its engine writes captured hidden "

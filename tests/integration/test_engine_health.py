@@ -48,14 +48,19 @@ def test_in_the_default_mode_a_dead_engine_answers_unavailable_and_the_server_st
     root = tmp_path_factory.mktemp("engine-health-default")
     repo = gen_repo(["--preset", "text-chat"], root / "repo")
     # what is tested is the stage's health, not compiled graphs: an eager engine loads in
-    # half the time
+    # half the time. Its worker runs in a process of its own, as a multi-device engine's
+    # do (a one-worker CPU engine computes inside its core: omni_serve.llm.cpu_engine), so
+    # the killed core leaves an orphan that must be ended too.
     engine = repo / MODEL / "engine.json"
-    engine.write_text(json.dumps({**json.loads(engine.read_text()), "enforce_eager": True}))
+    engine.write_text(json.dumps({**json.loads(engine.read_text()), "enforce_eager": True,
+                                  "distributed_executor_backend": "mp"}))
     with serving(repo, root) as server:  # no --model-control-mode: Triton's "none"
         url = server.grpc_url
         assert _generate(url)
         stubs = [stub_of(server, MODEL)]
         (core,) = _engine_cores(server)
+        workers = core.children(recursive=True)
+        assert workers, "expected the engine core to run a worker process"
         os.kill(core.pid, signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -80,6 +85,8 @@ def test_in_the_default_mode_a_dead_engine_answers_unavailable_and_the_server_st
         log = server.log_path.read_text(errors="replace")
         assert "Segfault" not in log and "unloading it" not in log
         assert "it answers UNAVAILABLE until the server restarts (model-control mode 'none'" in log
+        left = outliving(workers)  # re-parented to init, and ended all the same
+        assert not left, f"the dead engine's worker outlived it: {left}"
         with grpcclient.InferenceServerClient(url) as client:
             assert client.is_server_live()
 
@@ -156,8 +163,7 @@ def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(
     url = server.grpc_url
     assert _generate(url)
     (core,) = _engine_cores(server)
-    workers = core.children(recursive=True)
-    assert workers, "expected the engine core to run worker processes"
+    workers = core.children(recursive=True)  # none where the worker computes in the core
     os.kill(core.pid, signal.SIGKILL)
 
     # requests are UNAVAILABLE naming the stage within seconds

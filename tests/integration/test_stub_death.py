@@ -63,7 +63,7 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
         stream.send(omni_inputs(**SPEECH))
         result = stream.collect_until(lambda r: r.codec_ids)  # the talker is speaking
         victim = stub_of(server, VICTIM)
-        engine = victim.children(recursive=True)  # its vLLM engine core and worker
+        engine = victim.children(recursive=True)  # its vLLM engine core (and any worker)
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         result = stream.collect(result, timeout=30)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from omni_serve import processes
 from omni_serve.contract import MAX_QUEUED_ARG
 from omni_serve.errors import RequestError, StageOverloadedError, StageUnavailableError
-from omni_serve.llm import render, sampling, startup_failure, warmup
+from omni_serve.llm import cpu_engine, render, sampling, startup_failure, warmup
 from omni_serve.llm.metrics import NULL_METRICS, NullMetrics, Sink, StageMetrics, stat_logger_factory
 
 log = logging.getLogger(__name__)
@@ -130,15 +130,10 @@ class EngineHost:
         self._cleanups.append(cleanup)
 
     async def _start_engine(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        args = AsyncEngineArgs(**self.engine_args)
         with startup_failure.watch(self.name):
-            self.engine = AsyncLLM.from_engine_args(
-                args, stat_loggers=[stat_logger_factory(
-                    lambda: NULL_METRICS if self._warming else self.metrics),
-                    *(factory(lambda: self._warming) for factory in self.stat_loggers)])
+            self.engine = cpu_engine.start(self.engine_args, stat_loggers=[
+                stat_logger_factory(lambda: NULL_METRICS if self._warming else self.metrics),
+                *(factory(lambda: self._warming) for factory in self.stat_loggers)])
         self.supported_tasks = tuple(await self.engine.get_supported_tasks())
         self._engine_processes = processes.descendants()
         self.max_model_len = self.engine.model_config.max_model_len

@@ -92,10 +92,9 @@ def pct(xs: list[float], q: float) -> float:
 # --- in-process AsyncLLM ---------------------------------------------------------
 class InProcess:
     def __init__(self, engine_args: dict):
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from omni_serve.llm import cpu_engine
 
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+        self.engine = cpu_engine.start(engine_args)  # as the stage starts it
 
     async def one(self, prompt: str, max_tokens: int) -> tuple[int, float]:
         from vllm import SamplingParams
