@@ -75,13 +75,14 @@ def _results() -> dict:
 
 
 def test_transformers_ratio_is_requests_s_at_16_against_10() -> None:
-    (r,) = tb.ratios(_results())
+    r = tb.ratios(_results())[0]
     assert r.value == 12.0 and r.target == 10.0 and r.op == ">=" and r.met is True
     assert "concurrency 16" in r.name and "qwen2.5-omni-0.5b-random" in r.name
     missing = _results()
     del missing["models"]["0.5b"]["levels"]["16"]
-    (r,) = tb.ratios(missing)
-    assert r.value is None and r.met is None and r.note
+    rs = tb.ratios(missing)
+    assert rs[0].value is None and rs[0].met is None and rs[0].note
+    assert [r.value is None for r in rs[1:]] == [False, False, True, True]  # c=1 is there
 
 
 def test_transformers_table_rows() -> None:

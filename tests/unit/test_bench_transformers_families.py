@@ -188,14 +188,28 @@ def _results() -> dict:
 
 def test_ratios_read_first_audio_at_128_tokens() -> None:
     rs = tb.ratios(_results())
-    assert [r.target for r in rs] == [10.0, 0.1, 0.5]
-    total, vs = rs[1], rs[2]
+    assert [r.target for r in rs] == [10.0, 1.2, 0.5, 1.5, 1.0, 0.1, 0.5]
+    total, vs = rs[5], rs[6]
     assert "128-token reply, spoken as 512 frames" in total.name and total.op == "<="
     assert total.value == pytest.approx(0.5 / 16) and total.met is True
     assert vs.value == pytest.approx(0.5 / 32) and vs.met is True
     shorter = _results()
     del shorter["models"]["qwen3-tiny"]["reply_lengths"]["128"]
-    assert "64-token reply" in tb.ratios(shorter)[1].name  # else the longest measured
+    assert "64-token reply" in tb.ratios(shorter)[5].name  # else the longest measured
+
+
+def test_ratios_against_transformers_on_the_default_reply() -> None:
+    end_to_end, first_audio, one_at_a_time, batched = tb.ratios(_results())[1:5]
+    # concurrency 1: served p50s over transformers' end to end p50 (1.0 s both: _side's)
+    assert "end to end p50, concurrency 1 (qwen3-omni-tiny, 32-token reply)" in end_to_end.name
+    assert end_to_end.value == pytest.approx(1.0) and end_to_end.met is True  # <= 1.2
+    assert first_audio.value == pytest.approx(0.4) and first_audio.met is True  # <= 0.5
+    # concurrency 16: requests/s, 6.0 against 0.5 one at a time and 2.0 batched
+    assert one_at_a_time.value == pytest.approx(12.0) and one_at_a_time.met is True
+    assert batched.value == pytest.approx(3.0) and batched.met is True
+    slow = _results()
+    slow["models"]["qwen3-tiny"]["levels"]["1"]["omni"]["latency_s_p50"] = 1.3
+    assert tb.ratios(slow)[1].met is False
 
 
 def test_table_shows_real_time_factor_and_the_reply_lengths(tmp_path) -> None:

@@ -67,6 +67,11 @@ RATIO_LEVEL = 16
 FIRST_AUDIO_LENGTH = 128  # the reply length of the issue's first-audio targets
 FIRST_AUDIO_TARGET = 0.1  # served first audio / served full response, at most
 VS_TRANSFORMERS_TARGET = 0.5  # served first audio / transformers end-to-end, at most
+# the default reply (--max-tokens), served against transformers: end to end p50 at
+# concurrency 1 at most, requests/s at RATIO_LEVEL at least (one at a time, batched)
+END_TO_END_TARGET = 1.2
+ONE_AT_A_TIME_TARGET = 1.5
+BATCHED_TARGET = 1.0
 WORDS = ("river", "lantern", "violin", "harbor", "meadow", "comet", "glacier", "orchard",
          "signal", "market", "falcon", "bridge", "desert", "thunder", "garden", "engine",
          "castle", "forest", "island", "mirror", "rocket", "winter", "spring", "clock")
@@ -749,6 +754,7 @@ def ratios(results: Results) -> list[Ratio]:
                          f"{RATIO_LEVEL} ({r['model']})",
                          None if level is None else level.get("ratio"), 10.0,
                          note="" if level is not None else f"concurrency {RATIO_LEVEL} not measured"))
+        out += _default_reply_ratios(r, r.get("max_tokens") or results.get("max_tokens"))
         picked = _reply_for_targets(r)
         if picked is None:
             continue
@@ -762,6 +768,29 @@ def ratios(results: Results) -> list[Ratio]:
                          f"concurrency 1 ({r['model']}, {n}-token reply)",
                          lv.get("first_audio_over_transformers"), VS_TRANSFORMERS_TARGET, "<="))
     return out
+
+
+def _default_reply_ratios(r: dict[str, Any], reply_tokens: int | None) -> list[Ratio]:
+    """omni-chat against transformers on the default reply, at concurrency 1 and 16."""
+    one, many = (r["levels"].get(str(c)) or {} for c in (1, RATIO_LEVEL))
+
+    def over_transformers(what: str) -> float | None:  # a served p50 / their end to end p50
+        served = (one.get("omni") or {}).get(what)
+        theirs = (one.get("transformers") or {}).get("latency_s_p50")
+        return served / theirs if served and theirs else None
+
+    rows = [("omni-chat / transformers end to end p50", 1,
+             over_transformers("latency_s_p50"), END_TO_END_TARGET, "<="),
+            ("omni-chat first audio p50 / transformers end to end p50", 1,
+             over_transformers("ttfa_s_p50"), VS_TRANSFORMERS_TARGET, "<="),
+            ("omni-chat / transformers one at a time, requests/s", RATIO_LEVEL,
+             many.get("ratio"), ONE_AT_A_TIME_TARGET, ">="),
+            ("omni-chat / transformers statically batched, requests/s", RATIO_LEVEL,
+             many.get("ratio_batched"), BATCHED_TARGET, ">=")]
+    reply = f", {reply_tokens}-token reply" if reply_tokens else ""
+    return [Ratio(f"{name}, concurrency {c} ({r['model']}{reply})", value, target, op,
+                  note="" if value is not None else f"concurrency {c} not measured")
+            for name, c, value, target, op in rows]
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
