@@ -58,9 +58,9 @@ FAMILY = Family(
     # transformers' Qwen3OmniMoeForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
     raw_media=("image", "audio", "video"),
-    # 8 frames = 0.64 s: the smallest first chunk the second chunk followed in time at
+    # 12 frames = 0.96 s: the smallest first chunk the second chunk followed in time at
     # concurrency 1 and 4 on the tiny checkpoint (omni-bench first-chunk; docs/omni-chat.md)
-    speech_chunks={"first_chunk_codes": 8},
+    speech_chunks={"first_chunk_codes": 12},
     raw_media_shapes="omni_serve.families.processor_media_shapes:load",
     speech=Qwen3OmniSpeech(),
     vllm_models={
