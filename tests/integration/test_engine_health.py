@@ -48,9 +48,9 @@ def test_in_the_default_mode_a_dead_engine_answers_unavailable_and_the_server_st
     root = tmp_path_factory.mktemp("engine-health-default")
     repo = gen_repo(["--preset", "text-chat"], root / "repo")
     # what is tested is the stage's health, not compiled graphs: an eager engine loads in
-    # half the time. Its worker runs in a process of its own, as a multi-device engine's
-    # do (a one-worker CPU engine computes inside its core: omni_serve.llm.cpu_engine), so
-    # the killed core leaves an orphan that must be ended too.
+    # half the time. Its worker runs in a process of its own whatever
+    # OMNI_VLLM_WORKER_IN_ENGINE says (omni_serve.llm.cpu_engine), so the killed core
+    # leaves an orphan that must be ended too.
     engine = repo / MODEL / "engine.json"
     engine.write_text(json.dumps({**json.loads(engine.read_text()), "enforce_eager": True,
                                   "distributed_executor_backend": "mp"}))
@@ -163,7 +163,8 @@ def test_a_killed_engine_is_unavailable_then_unloaded_and_a_load_brings_it_back(
     url = server.grpc_url
     assert _generate(url)
     (core,) = _engine_cores(server)
-    workers = core.children(recursive=True)  # none where the worker computes in the core
+    workers = core.children(recursive=True)
+    assert workers, "expected the engine core to run worker processes"
     os.kill(core.pid, signal.SIGKILL)
 
     # requests are UNAVAILABLE naming the stage within seconds

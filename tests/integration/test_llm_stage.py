@@ -4,17 +4,14 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 from transformers import AutoTokenizer
 
 from omni_tools.tiny_models import ensure_model
 
 from .llm_io import Stream, llm_inputs, metric, run, wait_idle
-from .servers import processes_of
 
 pytestmark = pytest.mark.integration
 
@@ -30,23 +27,6 @@ def url(text_chat_server):
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(ensure_model("qwen2-tiny"))
-
-
-def test_the_cpu_engine_is_one_process_computing_as_vllm_places_a_worker(text_chat_server):
-    """omni_serve.llm.cpu_engine: the worker runs inside the engine core, with the OpenMP
-    threads and cores vLLM gives a worker process of its own."""
-    procs = processes_of(text_chat_server, "llm")
-    names = [" ".join(p.cmdline()) for p in procs]
-    engines = [p for p, name in zip(procs, names) if "VLLM::" in name]
-    assert [p.cmdline()[0] for p in engines] == ["VLLM::EngineCore"], names
-    (core,) = engines
-    # read whole: vLLM's process title overwrites the start of it (psutil reads none)
-    raw = Path(f"/proc/{core.pid}/environ").read_bytes().decode(errors="replace")
-    omp = dict(e.split("=", 1) for e in raw.split("\0")
-               if e.startswith(("OMP_", "GOMP_", "KMP_")) and "=" in e)
-    threads = int(omp["OMP_NUM_THREADS"])
-    assert 1 <= threads <= len(psutil.Process().cpu_affinity()), omp
-    assert len(core.cpu_affinity()) == threads, (core.cpu_affinity(), omp)
 
 
 def test_streaming_deltas_concatenate_to_the_non_streaming_text(url):

@@ -1,6 +1,5 @@
-"""When a vLLM-hosted stage runs its engine's worker inside the engine core (CPU, one
-worker, no executor chosen, not turned off). The served engine's processes are checked in
-tests/integration/test_llm_stage.py."""
+"""When a vLLM-hosted stage runs its engine's worker inside the engine core (asked for, CPU,
+one worker, no executor chosen)."""
 from __future__ import annotations
 
 import os
@@ -18,15 +17,15 @@ def _clean_env(monkeypatch):
 
 
 @pytest.mark.parametrize("args, is_cpu, setting, expected", [
-    ({"model": "m"}, True, None, True),
-    ({"model": "m", "tensor_parallel_size": 1, "data_parallel_size": "1"}, True, None, True),
+    ({"model": "m"}, True, None, False),  # off by default
+    ({"model": "m"}, True, "0", False),
     ({"model": "m"}, True, "1", True),
-    ({"model": "m"}, False, None, False),  # a GPU engine of one device runs so already
-    ({"model": "m"}, True, "0", False),  # turned off
-    ({"model": "m", "distributed_executor_backend": "mp"}, True, None, False),  # chosen
-    ({"model": "m", "tensor_parallel_size": 2}, True, None, False),
-    ({"model": "m", "pipeline_parallel_size": 2}, True, None, False),
-    ({"model": "m", "data_parallel_size": 2}, True, None, False),
+    ({"model": "m", "tensor_parallel_size": 1, "data_parallel_size": "1"}, True, "1", True),
+    ({"model": "m"}, False, "1", False),  # a GPU engine of one device runs so already
+    ({"model": "m", "distributed_executor_backend": "mp"}, True, "1", False),  # chosen
+    ({"model": "m", "tensor_parallel_size": 2}, True, "1", False),
+    ({"model": "m", "pipeline_parallel_size": 2}, True, "1", False),
+    ({"model": "m", "data_parallel_size": 2}, True, "1", False),
 ])
 def test_only_a_one_worker_cpu_engine_with_no_executor_chosen(monkeypatch, args, is_cpu,
                                                                setting, expected):

@@ -11,10 +11,16 @@ inside the engine core; 32 streams: 6500 vs 8800 tokens/s), and on a 2-core host
 two processes polling each other take CPU from everything else. A GPU engine of one
 device already runs this way (vLLM's `uni` executor).
 
+It is off by default: with the worker inside, an engine computes back to back
+without ever sleeping, and on a 2-core host busy with other work a spoken reply's
+first audio came only once the talker had made all its codes (4.5 s instead of
+0.9 s beside two CPU-bound loops); the worker process's hand-overs leave the other
+stages room. Turn it on with `OMNI_VLLM_WORKER_IN_ENGINE=1` where cores are spare.
+
 `start(engine_args)` makes the AsyncLLM. `in_engine_core(engine_args)` says whether
 the worker goes inside: the CPU platform, one worker (no tensor, pipeline or data
 parallelism), no executor named in the engine arguments, and
-`OMNI_VLLM_WORKER_IN_ENGINE` not `0`. `spawn_env(vllm_config)` then holds, while the
+`OMNI_VLLM_WORKER_IN_ENGINE=1`. `spawn_env(vllm_config)` then holds, while the
 engine core is spawned, the OpenMP settings vLLM gives a worker process (its thread
 count and core binding, from `VLLM_CPU_OMP_THREADS_BIND`), so the model computes on
 the same cores with the same threads as it would apart.
@@ -36,7 +42,7 @@ _PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parall
 
 def in_engine_core(engine_args: dict[str, Any], *, is_cpu: bool | None = None) -> bool:
     """Whether the worker of the engine `engine_args` describes runs in its engine core."""
-    if env.VLLM_WORKER_IN_ENGINE.get() == "0":
+    if env.VLLM_WORKER_IN_ENGINE.get() != "1":
         return False
     if engine_args.get("distributed_executor_backend") is not None:
         return False  # the user chose

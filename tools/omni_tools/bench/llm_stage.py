@@ -94,7 +94,7 @@ class InProcess:
     def __init__(self, engine_args: dict):
         from omni_serve.llm import cpu_engine
 
-        self.engine = cpu_engine.start(engine_args)  # as the stage starts it
+        self.engine = cpu_engine.start(engine_args)  # as the stage starts it (same env)
 
     async def one(self, prompt: str, max_tokens: int) -> tuple[int, float]:
         from vllm import SamplingParams
