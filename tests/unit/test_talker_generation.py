@@ -30,3 +30,25 @@ def test_the_talker_stops_on_its_own_codes(family, tmp_path: Path):
     assert json.loads((folder / "generation_config.json").read_text()) == {"eos_token_id": stops}
     named = family.engine_args({"model": str(tmp_path), "generation_config": str(tmp_path)})
     assert named["generation_config"] == str(tmp_path)  # a folder the spec names is kept
+
+
+def test_the_folder_is_the_same_in_every_process_for_the_same_codes():
+    """vLLM's compile cache key hashes the generation_config path: a path of its own per
+    start would compile the talker from scratch at every start."""
+    import subprocess
+    import sys
+
+    from omni_serve.families.talker_generation import talker_generation_config
+
+    here = talker_generation_config([8292, 8294])
+    there = subprocess.run(
+        [sys.executable, "-c", "from omni_serve.families.talker_generation import "
+         "talker_generation_config as t; print(t([8292, 8294]))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    assert there == here
+    other = talker_generation_config([2150])
+    assert other != here
+    assert json.loads((Path(other) / "generation_config.json").read_text()) == {
+        "eos_token_id": [2150]}
+    assert json.loads((Path(here) / "generation_config.json").read_text()) == {
+        "eos_token_id": [8292, 8294]}

@@ -1,4 +1,4 @@
-"""How a stage starts its vLLM AsyncLLM: on CPU, one worker runs inside the engine core.
+"""How a stage starts its vLLM AsyncLLM, and on CPU where its one worker runs (opt-in: inside).
 
 Runs in a vLLM-hosted stage's stub (llm/engine_host.py), once, while its AsyncLLM
 starts; `omni-bench llm` starts its in-process baseline with the same `start`.
