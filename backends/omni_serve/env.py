@@ -79,8 +79,8 @@ VLLM_WORKER_IN_ENGINE = EnvVar(
     "OMNI_VLLM_WORKER_IN_ENGINE", "0",
     "`1`: on the CPU platform a one-worker vLLM engine runs its worker inside the "
     "engine-core process (vLLM's `uni` executor, as on one GPU): faster steps, but on a "
-    "busy 2-core host it starved the other stages (benchmarks-notes.md); `0` keeps vLLM's "
-    "worker process",
+    "busy 2-core host spoken replies reached the client seconds late (benchmarks-notes.md); "
+    "`0` keeps vLLM's worker process",
     "omni_llm, omni_talker (omni_serve.llm.cpu_engine)")
 HIDDEN_STATES_DIR = EnvVar(
     "OMNI_HIDDEN_STATES_DIR", None,

@@ -11,11 +11,11 @@ inside the engine core; 32 streams: 6500 vs 8800 tokens/s), and on a 2-core host
 two processes polling each other take CPU from everything else. A GPU engine of one
 device already runs this way (vLLM's `uni` executor).
 
-It is off by default: with the worker inside, an engine computes back to back
-without ever sleeping, and on a 2-core host busy with other work a spoken reply's
-first audio came only once the talker had made all its codes (4.5 s instead of
-0.9 s beside two CPU-bound loops); the worker process's hand-overs leave the other
-stages room. Turn it on with `OMNI_VLLM_WORKER_IN_ENGINE=1` where cores are spare.
+It is off by default: on a 2-core host busy with other work, a spoken reply's
+first audio reached the client after 4.5 s instead of 0.9 s (beside two CPU-bound
+loops), though the orchestrator had sent it at 0.5 s: the answer waited on its way
+from the orchestrator to the client (docs/benchmarks-notes.md). Turn it on with
+`OMNI_VLLM_WORKER_IN_ENGINE=1` where cores are spare.
 
 `start(engine_args)` makes the AsyncLLM. `in_engine_core(engine_args)` says whether
 the worker goes inside: the CPU platform, one worker (no tensor, pipeline or data
