@@ -33,6 +33,7 @@ from omni_serve.audio.config import AudioStageConfig
 from omni_serve.audio.request import AudioLimits, AudioRequest, ChunkContext
 from omni_serve.batching import run_grouped
 from omni_serve.families import CodecDecoder
+from omni_serve.torch_setup import configure_torch
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class AudioRunner:
 
     def __init__(self, cfg: AudioStageConfig):
         self.cfg = cfg
-        torch.set_num_threads(cfg.torch_threads)
+        configure_torch(cfg.torch_threads, cfg.device, cfg.dtype)
         self.decoder = load_decoder(cfg)
         self._lock = threading.Lock()
         decoder = self.decoder

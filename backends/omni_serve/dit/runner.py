@@ -20,6 +20,7 @@ from PIL import Image
 from omni_serve.batching import run_grouped
 from omni_serve.dit.config import DitStageConfig
 from omni_serve.dit.request import DitRequest, group_key
+from omni_serve.torch_setup import configure_torch
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class DitRunner:
         # Step-cache decisions so far: "lookups" (transformer forwards with the
         # cache on) and "hits" (forwards that reused the cached residual).
         self.cache_stats = {"lookups": 0, "hits": 0}
-        torch.set_num_threads(cfg.torch_threads)
+        configure_torch(cfg.torch_threads, cfg.device, cfg.dtype)
         self.pipe = DiffusionPipeline.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype])
         self.pipe.to(cfg.device)
         self.pipe.set_progress_bar_config(disable=True)

@@ -27,6 +27,7 @@ from omni_serve.batching import isolate
 from omni_serve.encoder.config import EncoderStageConfig
 from omni_serve.encoder.media import decode_audio, decode_image
 from omni_serve.families import MediaEncoder
+from omni_serve.torch_setup import configure_torch
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class EncoderRunner:
     def __init__(self, cfg: EncoderStageConfig):
         self.cfg = cfg
         self.modality = cfg.modality
-        torch.set_num_threads(cfg.torch_threads)
+        configure_torch(cfg.torch_threads, cfg.device, cfg.dtype)
         self.encoder = load_encoder(cfg)
 
     def run(self, items: list[bytes]) -> list[EncoderOutput | Exception]:

@@ -151,7 +151,7 @@ class Token2Wav:
         mel = sample_mel(self.dit, cond, ref_mel, codes, noise.to(device, self.dtype),
                          num_steps=self.num_steps, guidance_scale=self.guidance_scale,
                          sway_coefficient=self.sway_coefficient)
-        wave = self.vocoder(mel).float().reshape(len(group), -1).numpy()
+        wave = self.vocoder(mel).float().reshape(len(group), -1).cpu().numpy()
         expected = codes.shape[1] * self.samples_per_frame
         if wave.shape[1] != expected:
             raise RuntimeError(f"vocoder returned {wave.shape[1]} samples for {codes.shape[1]} codes, "
