@@ -11,10 +11,12 @@ what is allowed. Unknown keys are errors, never ignored.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import functools
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -99,13 +101,53 @@ class _Problems(ValueError):
 
 @functools.lru_cache(maxsize=1)
 def vllm_engine_arg_names() -> frozenset[str] | None:
-    """Field names of vLLM's AsyncEngineArgs, or None when vLLM cannot be imported."""
+    """Field names of vLLM's AsyncEngineArgs, or None when vLLM is not installed.
+
+    Read from vLLM's source (`vllm/engine/arg_utils.py`) without importing it: the import
+    takes 6-7 s of CPU, which every `omni-gen-repo` run paid for these names alone. Where
+    the source does not hold the two dataclasses as expected, vLLM is imported after all.
+    """
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        logger.warning("vLLM is not installed; engine_args are not checked")
+        return None
+    source = Path(spec.submodule_search_locations[0]) / "engine" / "arg_utils.py"
+    try:
+        names = dataclass_field_names(source.read_text(encoding="utf-8"), "AsyncEngineArgs")
+    except (OSError, SyntaxError, KeyError):
+        names = None
+    if names:
+        return names
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
     except Exception as e:  # any import failure means "cannot check"
         logger.warning("vLLM is not importable (%s); engine_args are not checked", e)
         return None
     return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+def dataclass_field_names(source: str, name: str) -> frozenset[str]:
+    """The fields of dataclass `name` defined in module `source` with its bases from the same
+    module: its and their annotated class attributes but ClassVar and InitVar ones
+    (KeyError: `name` or one of its bases is not a class of that module)."""
+    classes = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+
+    def fields(cls: ast.ClassDef) -> set[str]:
+        found: set[str] = set()
+        for base in cls.bases:
+            if not (isinstance(base, ast.Name) and base.id in classes):
+                raise KeyError(ast.unparse(base))
+            found |= fields(classes[base.id])
+        for node in cls.body:
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and not re.search(r"\b(ClassVar|InitVar)\b", ast.unparse(node.annotation))):
+                found.add(node.target.id)
+        return found
+
+    return frozenset(fields(classes[name]))
 
 
 def tiny_models_module() -> ModuleType:

@@ -70,6 +70,40 @@ def test_the_preset_engine_args_are_real_vllm_engine_args():
     assert set(stage.engine_args) <= names
 
 
+def test_the_engine_arg_names_read_from_vllms_source_are_its_dataclass_fields():
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    REAL_ENGINE_ARG_NAMES.cache_clear()
+    want = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+    assert REAL_ENGINE_ARG_NAMES() == want and "max_model_len" in want
+
+
+def test_dataclass_field_names_follows_bases_and_skips_class_and_init_vars():
+    source = """
+from dataclasses import InitVar, dataclass
+from typing import ClassVar
+@dataclass
+class Base:
+    a: int = 1
+    shared: ClassVar[int] = 0
+    def method(self) -> None:
+        x: int = 2
+@dataclass
+class Child(Base):
+    b: "str | None" = None
+    c: InitVar[int] = 0
+class Foreign(dict):
+    d: int = 0
+"""
+    assert spec_mod.dataclass_field_names(source, "Child") == {"a", "b"}
+    with pytest.raises(KeyError, match="dict"):
+        spec_mod.dataclass_field_names(source, "Foreign")
+    with pytest.raises(KeyError):
+        spec_mod.dataclass_field_names(source, "Missing")
+
+
 def test_list_presets_finds_text_chat():
     assert "text-chat" in list_presets()
 
