@@ -82,6 +82,12 @@ VLLM_WORKER_IN_ENGINE = EnvVar(
     "busy 2-core host spoken replies reached the client seconds late (benchmarks-notes.md); "
     "`0` keeps vLLM's worker process",
     "omni_llm, omni_talker (omni_serve.llm.cpu_engine)")
+VLLM_WORKER_FORK = EnvVar(
+    "OMNI_VLLM_WORKER_FORK", "1",
+    "`1`: on the CPU platform a vLLM engine core forks its worker process, with the "
+    "worker's OpenMP threads and cores, instead of spawning it (10 s less CPU per engine "
+    "start on 2 cores); `0` keeps vLLM's spawn",
+    "vLLM engine processes (omni_serve.llm.worker_fork)")
 HIDDEN_STATES_DIR = EnvVar(
     "OMNI_HIDDEN_STATES_DIR", None,
     "Set by the stage, not by users: the /dev/shm folder its engine writes captured hidden "

@@ -30,10 +30,16 @@ def register() -> None:
     parent = multiprocessing.parent_process()
     if parent is None or not sys.platform.startswith("linux"):
         return
+    die_with_parent(parent.pid)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux for SIGKILL when process `parent_pid`, this one's parent, goes (also from a
+    forked child, which does not inherit the request: omni_serve.llm.worker_fork)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         log.warning("omni: prctl(PR_SET_PDEATHSIG) failed (errno %d); this process may "
                     "outlive its parent", ctypes.get_errno())
         return
-    if os.getppid() != parent.pid:  # the parent went before the request took effect
+    if os.getppid() != parent_pid:  # the parent went before the request took effect
         os._exit(1)
