@@ -79,13 +79,13 @@ VLLM_WORKER_IN_ENGINE = EnvVar(
     "OMNI_VLLM_WORKER_IN_ENGINE", "0",
     "`1`: on the CPU platform a one-worker vLLM engine runs its worker inside the "
     "engine-core process (vLLM's `uni` executor, as on one GPU): faster steps, but on a "
-    "busy 2-core host spoken replies reached the client seconds late (benchmarks-notes.md); "
-    "`0` keeps vLLM's worker process",
+    "busy 2-core host (Linux 6.18.44) the kernel then kept the client's session off both "
+    "cores for seconds (benchmarks-notes.md); `0` keeps vLLM's worker process",
     "omni_llm, omni_talker (omni_serve.llm.cpu_engine)")
 VLLM_WORKER_FORK = EnvVar(
     "OMNI_VLLM_WORKER_FORK", "1",
     "`1`: on the CPU platform a vLLM engine core forks its worker process, with the "
-    "worker's OpenMP threads and cores, instead of spawning it (10 s less CPU per engine "
+    "worker's OpenMP threads and cores, instead of spawning it (about 6 s less per engine "
     "start on 2 cores); `0` keeps vLLM's spawn",
     "vLLM engine processes (omni_serve.llm.worker_fork)")
 HIDDEN_STATES_DIR = EnvVar(

@@ -65,12 +65,12 @@ def qwen25_token2wav(frames: int = 60, seed: int = 23) -> Check:
 
 
 def qwen3_code2wav(frames: int = 50) -> Check:
-    from transformers import Qwen3OmniMoeForConditionalGeneration
+    from transformers import AutoConfig, Qwen3OmniMoeForConditionalGeneration
 
     ckpt = tm.ensure_model("qwen3-omni-tiny")
-    runner_cpu = AudioRunner(AudioStageConfig(model=str(ckpt)))
-    vocab, groups = runner_cpu.limits.codec_vocab, runner_cpu.limits.codec_groups
-    codes = np.random.default_rng(0).integers(0, vocab, (frames, groups))
+    codec = AutoConfig.from_pretrained(ckpt).code2wav_config
+    codes = np.random.default_rng(0).integers(0, codec.codebook_size,
+                                              (frames, codec.num_quantizers))
 
     def run(device: str) -> np.ndarray:
         runner = AudioRunner(AudioStageConfig(model=str(ckpt), device=device))

@@ -11,10 +11,12 @@ inside the engine core; 32 streams: 6500 vs 8800 tokens/s), and on a 2-core host
 two processes polling each other take CPU from everything else. A GPU engine of one
 device already runs this way (vLLM's `uni` executor).
 
-It is off by default: on a 2-core host busy with other work, a spoken reply's
-first audio reached the client after 4.5 s instead of 0.9 s (beside two CPU-bound
-loops), though the orchestrator had sent it at 0.5 s: the answer waited on its way
-from the orchestrator to the client (docs/benchmarks-notes.md). Turn it on with
+It is off by default: on a 2-core host (Linux 6.18.44) busy with other work, a
+spoken reply's first audio reached the client after 3-5 s instead of 0.7-1.0 s,
+though the orchestrator had sent it at 0.5 s. The kernel kept every process of the
+client's session off both cores for seconds while the server's session computed
+(docs/benchmarks-notes.md); with the worker apart, the engine core blocks on its
+worker every step and the stall does not come. Turn it on with
 `OMNI_VLLM_WORKER_IN_ENGINE=1` where cores are spare.
 
 `start(engine_args)` makes the AsyncLLM. `in_engine_core(engine_args)` says whether
