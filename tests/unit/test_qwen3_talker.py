@@ -141,6 +141,34 @@ def test_the_code_predictor_draws_a_batch_of_frames_as_transformers_draws_each_o
         torch.testing.assert_close(sums[b], first[b] + sum(fed) + last, rtol=1e-5, atol=1e-5)
 
 
+def test_every_code_predictor_step_has_transformers_logits_to_the_bit(model):
+    # The predictor is written for few ops per step (fused norms, q and k rotated as one
+    # tensor); in float32 every step's logits must still be transformers' for the same
+    # batch exactly, so a near tie between two codes falls the same way.
+    talker = model.talker
+    predictor = CodePredictor(talker.config.code_predictor_config)
+    predictor.load_state_dict(talker.code_predictor.state_dict())
+    g = torch.Generator().manual_seed(5)
+    past = torch.randn(3, talker.config.text_config.hidden_size, generator=g)
+    code0 = torch.randint(0, talker.config.code_predictor_config.vocab_size, (3,), generator=g)
+    first = talker.get_input_embeddings()(code0)
+    with torch.no_grad():
+        drawn = predictor.draw(past, first)
+        caches = [[] for _ in predictor.model.layers]
+        norms = [layer.self_attn.qk_norm_weight() for layer in predictor.model.layers]
+        x, ours = torch.stack([past, first], dim=1), []
+        for k in range(GROUPS - 1):
+            h = predictor._step(x, 0 if k == 0 else k + 1, caches, norms)
+            ours.append(predictor.lm_head[k](h))
+            x = predictor.model.codec_embedding[min(k, GROUPS - 3)](drawn[:, k])[:, None]
+    ref = talker.code_predictor.generate(
+        inputs_embeds=torch.stack([past, first], dim=1), max_new_tokens=GROUPS - 1,
+        do_sample=False, output_logits=True, return_dict_in_generate=True)
+    assert drawn.tolist() == ref.sequences.tolist()
+    for k in range(GROUPS - 1):
+        assert torch.equal(ours[k], ref.logits[k]), f"code {k + 1}"
+
+
 def test_residual_sampling_filters_logits_as_transformers_warpers_do():
     from transformers.generation.logits_process import (
         TemperatureLogitsWarper,

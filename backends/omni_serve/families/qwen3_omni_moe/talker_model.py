@@ -119,11 +119,11 @@ class _RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen3 RMSNorm (normalized in float32, cast back, then the weight) in
+    one fused op for the normalizing; `weight` may broadcast ([heads, head_dim])."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 class _Mlp(nn.Module):
@@ -133,18 +133,8 @@ class _Mlp(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
 
 class _Attention(nn.Module):
-    """Qwen3 attention (qk-norm, GQA, 1D RoPE) over a cache of at most `groups` positions."""
-
     def __init__(self, config):
         super().__init__()
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -157,18 +147,10 @@ class _Attention(nn.Module):
         self.q_norm = _RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = _RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache: list):
-        b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        if cache:
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-        cache[:] = [k, v]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1,
-                                             enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+    def qk_norm_weight(self) -> torch.Tensor:
+        """q_norm's weight for each query head, then k_norm's for each key head."""
+        return torch.cat([self.q_norm.weight.expand(self.heads, -1),
+                          self.k_norm.weight.expand(self.kv_heads, -1)])
 
 
 class _Layer(nn.Module):
@@ -178,10 +160,39 @@ class _Layer(nn.Module):
         self.mlp = _Mlp(config.hidden_size, config.intermediate_size)
         self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.eps = config.rms_norm_eps
 
-    def forward(self, x, cos, sin, cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def step(self, x, cos, sin, cache: list, qk_norm: torch.Tensor) -> torch.Tensor:
+        """One Qwen3 decoder layer (qk-norm, GQA, 1D RoPE) over the frame's cache.
+
+        Written for few ops (a frame is 15 steps of a small model, so on CPU the ops'
+        dispatch, not their arithmetic, is the time): the weights are used as tensors, q
+        and k are normed and rotated as one tensor of heads, and every value is the one
+        transformers computes.
+        """
+        attn, mlp = self.self_attn, self.mlp
+        heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
+        b, t, _ = x.shape
+        h = _rms_norm(x, self.input_layernorm.weight, self.eps)
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias)
+        qk = _rms_norm(torch.cat([q, k], dim=-1).view(b, t, heads + kv_heads, head_dim),
+                       qk_norm, self.eps)
+        half = head_dim // 2  # rotate_half: (-second half, first half)
+        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+        q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
+        v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
+        if cache:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        cache[:] = [k, v]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1,
+                                             enable_gqa=heads != kv_heads)
+        x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj.weight,
+                         attn.o_proj.bias)
+        h = _rms_norm(x, self.post_attention_layernorm.weight, self.eps)
+        gate, up = F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight)
+        return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
 
 
 class _PredictorModel(nn.Module):
@@ -213,32 +224,34 @@ class CodePredictor(nn.Module):
         head_dim = self.model.layers[0].self_attn.head_dim
         theta = float(rope.get("rope_theta", 10000.0))
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # cos and sin of every position a frame reaches (0 .. groups - 1), float32 as
+        # transformers computes them: [positions, 1 (heads), head_dim]
+        freqs = torch.arange(self.groups, dtype=torch.float)[:, None] * inv_freq[None]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        self.register_buffer("rope_cos", emb.cos(), persistent=False)
+        self.register_buffer("rope_sin", emb.sin(), persistent=False)
 
-    def _rope(self, start: int, n: int, dtype):
-        pos = torch.arange(start, start + n, device=self.inv_freq.device, dtype=torch.float)
-        freqs = pos[:, None] * self.inv_freq[None]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
-
-    def _step(self, x: torch.Tensor, start: int, caches: list) -> torch.Tensor:
-        cos, sin = self._rope(start, x.shape[1], x.dtype)
-        for layer, cache in zip(self.model.layers, caches, strict=True):
-            x = layer(x, cos, sin, cache)
-        return self.model.norm(x[:, -1])
+    def _step(self, x: torch.Tensor, start: int, caches: list, qk_norms: list) -> torch.Tensor:
+        n = x.shape[1]
+        cos = self.rope_cos[start:start + n].to(x.dtype)
+        sin = self.rope_sin[start:start + n].to(x.dtype)
+        for layer, cache, qk_norm in zip(self.model.layers, caches, qk_norms, strict=True):
+            x = layer.step(x, cos, sin, cache, qk_norm)
+        return _rms_norm(x[:, -1], self.model.norm.weight, self.model.norm.eps)
 
     @torch.no_grad()
     def draw(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor,
              sampling: ResidualSampling | None = None) -> torch.Tensor:
         """Codes 1..groups-1, [B, groups - 1], of B frames at once (greedy unless `sampling`)."""
         caches = [[] for _ in self.model.layers]
+        qk_norms = [layer.self_attn.qk_norm_weight() for layer in self.model.layers]
         x = torch.stack([past_hidden, code0_embeds], dim=1)
         codes = []
         for k in range(self.groups - 1):
-            h = self._step(x, 0 if k == 0 else k + 1, caches)
-            codes.append(_pick(self.lm_head[k](h), k, sampling))
+            h = self._step(x, 0 if k == 0 else k + 1, caches, qk_norms)
+            codes.append(_pick(F.linear(h, self.lm_head[k].weight), k, sampling))
             if k + 1 < self.groups - 1:
-                x = self.model.codec_embedding[k](codes[-1])[:, None]
+                x = F.embedding(codes[-1], self.model.codec_embedding[k].weight)[:, None]
         return torch.stack(codes, dim=1)
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
