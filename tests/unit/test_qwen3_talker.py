@@ -128,17 +128,17 @@ def test_the_code_predictor_draws_a_batch_of_frames_as_transformers_draws_each_o
 
     with torch.no_grad():
         drawn = predictor.draw(past, first)
-        sums = first + predictor.embed(drawn)
+        sums = predictor.frame_embedding(first, drawn)
     for b in range(6):
         ref = talker.code_predictor.generate(
             inputs_embeds=torch.stack([past[b], first[b]])[None], max_new_tokens=GROUPS - 1,
             do_sample=False, output_hidden_states=True, return_dict_in_generate=True)
         assert drawn[b].tolist() == ref.sequences[0].tolist()
         # transformers' next talker input: code 0's embedding, the fed-back residual
-        # embeddings, the last code's embedding
+        # embeddings, the last code's embedding, summed as one reduction (to the bit)
         fed = [h[0][0, 0] for h in ref.hidden_states[1:]]
         last = talker.code_predictor.get_input_embeddings()[-1](ref.sequences[0, -1:])[0]
-        torch.testing.assert_close(sums[b], first[b] + sum(fed) + last, rtol=1e-5, atol=1e-5)
+        assert torch.equal(sums[b], torch.stack([first[b], *fed, last])[None].sum(1)[0])
 
 
 def test_every_code_predictor_step_has_transformers_logits_to_the_bit(model):

@@ -254,9 +254,14 @@ class CodePredictor(nn.Module):
                 x = F.embedding(codes[-1], self.model.codec_embedding[k].weight)[:, None]
         return torch.stack(codes, dim=1)
 
-    def embed(self, codes: torch.Tensor) -> torch.Tensor:
-        """Sum of the embeddings of codes 1..groups-1 ([B, groups - 1] -> [B, hidden])."""
-        return sum(emb(codes[:, k]) for k, emb in enumerate(self.model.codec_embedding))
+    def frame_embedding(self, code0_embeds: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """A frame's talker input before its text: code 0's embedding plus the embeddings of
+        codes 1..groups-1 ([B, hidden], [B, groups - 1] -> [B, hidden]), summed as one
+        reduction in that order, as transformers sums them (`codec_hiddens.sum(1)`): the
+        same bits, also in bfloat16, where adding one by one would round 15 times."""
+        parts = [code0_embeds] + [F.embedding(codes[:, k], emb.weight)
+                                  for k, emb in enumerate(self.model.codec_embedding)]
+        return torch.stack(parts, dim=1).sum(1)
 
 
 class ResizeMLP(nn.Module):
@@ -339,7 +344,7 @@ class Qwen3OmniTalker(nn.Module, SupportsMRoPE):
             codes = torch.cat([drawn, step.known_codes.to(drawn)])
         text = self.text_projection(step.text_embeds.to(x))
         x = x.clone()
-        x[all_rows] = x[all_rows] + self.code_predictor.embed(codes) + text.to(x.dtype)
+        x[all_rows] = self.code_predictor.frame_embedding(x[all_rows], codes) + text.to(x.dtype)
         return x
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
