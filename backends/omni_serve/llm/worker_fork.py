@@ -9,8 +9,7 @@ vLLM and torch again before it loads the model: 10 s of CPU on a 2-core host, on
 after the engine core's own, at every engine start. Forked from the engine core,
 which has imported them already, the worker starts at once (tiny Qwen2 text-chat
 server start: 24.5-25.5 s spawned, 18.5-19.5 s forked, the same throughput).
-vLLM's GPU platforms fork
-their workers the same way.
+vLLM's GPU platforms fork their workers the same way.
 
 What a spawned worker gets at its start a forked one must be given here:
 - its OpenMP threads and cores: vLLM sets them for the worker as environment variables
