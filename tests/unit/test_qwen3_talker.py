@@ -117,15 +117,20 @@ def media_references(model, processor) -> list[dict]:
 
 # --- the model's parts against transformers' modules --------------------------------------
 
-def test_the_code_predictor_draws_a_batch_of_frames_as_transformers_draws_each_one(model):
-    talker = model.talker
+def _predictor_and_frames(talker, rows: int, seed: int):
+    """Our code predictor with transformers' weights, and `rows` frames' inputs: a talker
+    hidden state and code 0's embedding each."""
     predictor = CodePredictor(talker.config.code_predictor_config)
     predictor.load_state_dict(talker.code_predictor.state_dict())
-    g = torch.Generator().manual_seed(3)
-    past = torch.randn(6, talker.config.text_config.hidden_size, generator=g)
-    code0 = torch.randint(0, talker.config.code_predictor_config.vocab_size, (6,), generator=g)
-    first = talker.get_input_embeddings()(code0)
+    g = torch.Generator().manual_seed(seed)
+    past = torch.randn(rows, talker.config.text_config.hidden_size, generator=g)
+    code0 = torch.randint(0, talker.config.code_predictor_config.vocab_size, (rows,), generator=g)
+    return predictor, past, talker.get_input_embeddings()(code0)
 
+
+def test_the_code_predictor_draws_a_batch_of_frames_as_transformers_draws_each_one(model):
+    talker = model.talker
+    predictor, past, first = _predictor_and_frames(talker, 6, seed=3)
     with torch.no_grad():
         drawn = predictor.draw(past, first)
         sums = predictor.frame_embedding(first, drawn)
@@ -146,12 +151,7 @@ def test_every_code_predictor_step_has_transformers_logits_to_the_bit(model):
     # tensor); in float32 every step's logits must still be transformers' for the same
     # batch exactly, so a near tie between two codes falls the same way.
     talker = model.talker
-    predictor = CodePredictor(talker.config.code_predictor_config)
-    predictor.load_state_dict(talker.code_predictor.state_dict())
-    g = torch.Generator().manual_seed(5)
-    past = torch.randn(3, talker.config.text_config.hidden_size, generator=g)
-    code0 = torch.randint(0, talker.config.code_predictor_config.vocab_size, (3,), generator=g)
-    first = talker.get_input_embeddings()(code0)
+    predictor, past, first = _predictor_and_frames(talker, 3, seed=5)
     with torch.no_grad():
         drawn = predictor.draw(past, first)
         caches = [[] for _ in predictor.model.layers]
