@@ -152,15 +152,8 @@ def test_every_code_predictor_step_has_transformers_logits_to_the_bit(model):
     # batch exactly, so a near tie between two codes falls the same way.
     talker = model.talker
     predictor, past, first = _predictor_and_frames(talker, 3, seed=5)
-    with torch.no_grad():
-        drawn = predictor.draw(past, first)
-        caches = [[] for _ in predictor.model.layers]
-        norms = [layer.self_attn.qk_norm_weight() for layer in predictor.model.layers]
-        x, ours = torch.stack([past, first], dim=1), []
-        for k in range(GROUPS - 1):
-            h = predictor._step(x, 0 if k == 0 else k + 1, caches, norms)
-            ours.append(predictor.lm_head[k](h))
-            x = predictor.model.codec_embedding[min(k, GROUPS - 3)](drawn[:, k])[:, None]
+    ours: list[torch.Tensor] = []
+    drawn = predictor.draw(past, first, logits=ours)
     ref = talker.code_predictor.generate(
         inputs_embeds=torch.stack([past, first], dim=1), max_new_tokens=GROUPS - 1,
         do_sample=False, output_logits=True, return_dict_in_generate=True)

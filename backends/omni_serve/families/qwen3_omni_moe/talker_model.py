@@ -160,7 +160,6 @@ class _Layer(nn.Module):
         self.mlp = _Mlp(config.hidden_size, config.intermediate_size)
         self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.eps = config.rms_norm_eps
 
     def step(self, x, cos, sin, cache: list, qk_norm: torch.Tensor) -> torch.Tensor:
         """One Qwen3 decoder layer (qk-norm, GQA, 1D RoPE) over the frame's cache.
@@ -173,12 +172,12 @@ class _Layer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         heads, kv_heads, head_dim = attn.heads, attn.kv_heads, attn.head_dim
         b, t, _ = x.shape
-        h = _rms_norm(x, self.input_layernorm.weight, self.eps)
+        h = _rms_norm(x, self.input_layernorm.weight, self.input_layernorm.eps)
         q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias)
         k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias)
         v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias)
         qk = _rms_norm(torch.cat([q, k], dim=-1).view(b, t, heads + kv_heads, head_dim),
-                       qk_norm, self.eps)
+                       qk_norm, attn.q_norm.eps)  # k_norm's is the same config value
         half = head_dim // 2  # rotate_half: (-second half, first half)
         qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
         q, k = qk.transpose(1, 2).split([heads, kv_heads], dim=1)
@@ -190,7 +189,8 @@ class _Layer(nn.Module):
                                              enable_gqa=heads != kv_heads)
         x = x + F.linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj.weight,
                          attn.o_proj.bias)
-        h = _rms_norm(x, self.post_attention_layernorm.weight, self.eps)
+        h = _rms_norm(x, self.post_attention_layernorm.weight,
+                      self.post_attention_layernorm.eps)
         gate, up = F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight)
         return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
 
@@ -241,15 +241,20 @@ class CodePredictor(nn.Module):
 
     @torch.no_grad()
     def draw(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor,
-             sampling: ResidualSampling | None = None) -> torch.Tensor:
-        """Codes 1..groups-1, [B, groups - 1], of B frames at once (greedy unless `sampling`)."""
+             sampling: ResidualSampling | None = None,
+             logits: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Codes 1..groups-1, [B, groups - 1], of B frames at once (greedy unless `sampling`);
+        each step's logits [B, vocab] are appended to `logits` when given."""
         caches = [[] for _ in self.model.layers]
         qk_norms = [layer.self_attn.qk_norm_weight() for layer in self.model.layers]
         x = torch.stack([past_hidden, code0_embeds], dim=1)
         codes = []
         for k in range(self.groups - 1):
             h = self._step(x, 0 if k == 0 else k + 1, caches, qk_norms)
-            codes.append(_pick(F.linear(h, self.lm_head[k].weight), k, sampling))
+            step_logits = F.linear(h, self.lm_head[k].weight)
+            if logits is not None:
+                logits.append(step_logits)
+            codes.append(_pick(step_logits, k, sampling))
             if k + 1 < self.groups - 1:
                 x = F.embedding(codes[-1], self.model.codec_embedding[k].weight)[:, None]
         return torch.stack(codes, dim=1)
