@@ -348,6 +348,10 @@ def test_speech_equals_qwen3_omni_in_transformers(url, folder, stream_audio):
     # the whole utterance from the reference's sample 0, whatever the chunking (causal
     # decoder, exact left context)
     assert len(result.chunks) == 1 if not stream_audio else len(result.chunks) > 1
+    if stream_audio:  # the first chunk was sized from the pace: 4 to 12 frames (1920 samples)
+        first = result.metrics["first_chunk_codes"]
+        rest = sum(chunk.size for chunk in result.chunks[1:])
+        assert 4 <= first <= 12 and rest == (len(want_codes) - first) * 1920, (first, rest)
     assert result.audio.shape == want_wave.shape
     assert np.abs(result.audio - want_wave).max() < 1e-4
 

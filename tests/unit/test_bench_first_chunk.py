@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from omni_tools.bench.first_chunk import choose, stalls
+from omni_tools.bench.first_chunk import choose, stalls, variants
 
 
 @pytest.mark.parametrize(("chunks", "expected"), [
@@ -28,7 +28,8 @@ def test_stalls_are_the_gaps_a_listener_hears(chunks, expected):
 
 def test_the_default_is_the_smallest_first_chunk_the_second_never_came_late_after():
     def cells(**late):
-        return {int(k[1:]): {"second_chunk_late": v, "stalled_requests": 9} for k, v in late.items()}
+        return {k[1:].replace("_", "-"): {"second_chunk_late": v, "stalled_requests": 9}
+                for k, v in late.items()}
 
     assert choose({1: cells(f4=3, f8=0, f12=0, f24=1)}) == 8
     # 8 was followed late once at concurrency 4: 12 is the smallest that never was
@@ -36,4 +37,16 @@ def test_the_default_is_the_smallest_first_chunk_the_second_never_came_late_afte
     # at concurrency 4 every size was: the decoder is slower than real time there, no vote
     assert choose({1: cells(f12=3, f24=2, f48=0), 4: cells(f12=5, f24=2, f48=1)}) == 48
     assert choose({1: cells(f4=1)}) is None
+    # adaptive variants (LEAST-MOST) are not a fixed default
+    assert choose({1: cells(f4_12=0, f8=1, f12=0)}) == 12
     assert choose({}) is None
+
+
+def test_variants_are_fixed_sizes_and_least_most_ranges():
+    fixed = {"first_chunk_codes": 12, "min_first_chunk_codes": 12}
+    assert variants([12], ["4-12", "4-12x1.2"]) == {
+        "12": fixed, "4-12": {**fixed, "min_first_chunk_codes": 4},
+        "4-12x1.2": {**fixed, "min_first_chunk_codes": 4, "first_chunk_margin": 1.2}}
+    for bad in ("12-4", "4", "a-12", "4-12xa"):
+        with pytest.raises(SystemExit, match="LEAST-MOST"):
+            variants([], [bad])

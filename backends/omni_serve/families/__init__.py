@@ -193,8 +193,8 @@ class Family:
     # the talker's sampling defaults (its reference generate()'s), the orchestrator's default
     talker_sampling: Mapping[str, Any] = field(default_factory=dict)
     # the orchestrator's default decoder chunk sizes in talker steps (`first_chunk_codes`,
-    # `chunk_codes`), chosen by measurement (omni-bench first-chunk); the config's own
-    # defaults where a family has none
+    # `min_first_chunk_codes`, `chunk_codes`), chosen by measurement (omni-bench
+    # first-chunk); the config's own defaults where a family has none
     speech_chunks: Mapping[str, int] = field(default_factory=dict)
     speech: SpeechFeed | None = None
     # how its reference processor samples and sizes a clip's frames

@@ -72,6 +72,7 @@ class Timings:
     audio_start: float | None = None
     audio_end: float | None = None
     audio_seconds: float = 0.0
+    first_chunk_codes: int | None = None  # talker steps the first streamed decoder chunk voiced
     stage_seconds: dict[str, float] = field(default_factory=dict)
     prompt_tokens: int = 0  # the thinker's (or, reading aloud, the text's) tokens
     completion_tokens: int = 0  # the thinker's reply tokens
@@ -109,6 +110,8 @@ class Timings:
             "usage": {"prompt_tokens": self.prompt_tokens,
                       "completion_tokens": self.completion_tokens},
         }
+        if self.first_chunk_codes is not None:
+            out["first_chunk_codes"] = self.first_chunk_codes
         if self.thinker_model is not None:
             out["thinker_model"] = self.thinker_model
         if self.passed_over:

@@ -46,6 +46,7 @@ from omni_serve.orchestrator.events import (  # noqa: F401  (re-exported for the
     TextDelta,
     Timings,
 )
+from omni_serve.orchestrator.pace import SpeechPace
 from omni_serve.orchestrator.prompt import ChatPrompt, Media
 from omni_serve.orchestrator.request import OmniRequest
 from omni_serve.orchestrator.routing import SESSION_ID, EngineRouter
@@ -124,6 +125,8 @@ class OmniPipeline:
         self.thinkers = EngineRouter(cfg.stages.thinkers, retry_after_s=cfg.engine_retry_after_s)
         # the shapes of raw media, for the talker's positions (loaded on first use)
         self._raw_media_shapes: Any = None
+        # how fast this instance's decoder calls go: sizes streamed replies' first chunks
+        self.pace = SpeechPace()
 
     # --- stage calls with the stage's name on every error ---------------------------
     async def _infer(self, role: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
@@ -193,7 +196,7 @@ class OmniPipeline:
                 think = tg.create_task(self._think(req, prompt, media, emit, rows, t, reply_ids))
                 if speech:
                     tg.create_task(Speech(self.cfg, self, req, {**media, **shapes}, emit,
-                                          t).run(rows))
+                                          t, self.pace).run(rows))
         except ExceptionGroup as group:
             raise _first_error(group) from None
         finally:

@@ -34,6 +34,7 @@ from omni_serve.families import DecoderChunk, SpeechFeed, ThinkerReply
 from omni_serve.llm.hidden_states import remove_handed_over
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import AudioChunk, CodecIds, Event, Timings
+from omni_serve.orchestrator.pace import FirstChunk, SpeechPace
 from omni_serve.orchestrator.request import OmniRequest
 
 
@@ -100,8 +101,14 @@ class Speech:
     """Talker + decoder for one request; `run` emits its audio (and codec ids) in order."""
 
     def __init__(self, cfg: OrchestratorConfig, calls: StageCalls, req: OmniRequest,
-                 media: dict[str, np.ndarray], emit: Callable[[Event], None], t: Timings):
+                 media: dict[str, np.ndarray], emit: Callable[[Event], None], t: Timings,
+                 pace: SpeechPace | None = None):
         self.cfg, self.calls, self.req, self.media, self.emit, self.t = cfg, calls, req, media, emit, t
+        self.pace = pace or SpeechPace()
+        self.first_chunk = FirstChunk(
+            self.pace, least=cfg.min_first_chunk_codes or cfg.first_chunk_codes,
+            most=cfg.first_chunk_codes, next_codes=cfg.chunk_codes,
+            right_context=cfg.right_context_codes, margin=cfg.first_chunk_margin)
         self.feed = families.get(cfg.family).speech
         self.seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
 
@@ -185,12 +192,14 @@ class Speech:
         cfg = self.cfg
         chunks = []
         while True:
-            size = cfg.first_chunk_codes if done == 0 else cfg.chunk_codes
+            size = self.first_chunk.size(len(frames)) if done == 0 else cfg.chunk_codes
             spans = chunk_plan(len(frames), done, size, cfg.left_context_codes, final,
                                right_context=cfg.right_context_codes, align=cfg.align_codes)
             if not spans:
                 return chunks
             span = spans[0]  # the size changes after the first chunk: plan again
+            if done == 0:
+                self.t.first_chunk_codes = span.end
             first = span.first
             chunks.append(DecoderChunk(np.stack(frames[first:span.last]), span.context,
                                        span.lookahead, first, span.end))
@@ -198,10 +207,14 @@ class Speech:
 
     async def _decode(self, chunk: DecoderChunk) -> AudioChunk:
         inputs = self.feed.decoder_inputs(chunk, self.seed % 2**63, self.req.voice)
+        sent = time.perf_counter()
         out = await self.calls.infer("audio_decoder", inputs,
                                      [AUDIO.AUDIO_CHUNK, AUDIO.SAMPLE_RATE], self.t)
         rate = int(np.asarray(out[AUDIO.SAMPLE_RATE]).reshape(-1)[0])
-        return AudioChunk(np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1), rate)
+        pcm = np.asarray(out[AUDIO.AUDIO_CHUNK], dtype=np.float32).reshape(-1)
+        voiced = len(chunk.frames) - chunk.context - chunk.lookahead
+        self.pace.decoded(time.perf_counter() - sent, voiced, pcm.size / rate)
+        return AudioChunk(pcm, rate)
 
     def _emit_audio(self, chunk: AudioChunk) -> None:
         now = time.perf_counter()

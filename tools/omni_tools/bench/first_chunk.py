@@ -4,8 +4,10 @@ Runs as omni-bench's child process (`omni-bench first-chunk -- ...`). Per model
 (omni-bench transformers' MODELS: `tiny` is Qwen2.5-Omni, `qwen3-tiny` Qwen3-Omni) one
 tritonserver serves the omni-chat preset on that checkpoint (without text_to_image)
 with one orchestrator per `--first` value (`omni_first<N>`, the same stages behind
-them, only `first_chunk_codes` differs), so every value is measured on the same
-engines, order alternating per round. Each request: a reply of `--max-tokens`
+them, only `first_chunk_codes` differs, `min_first_chunk_codes` set to it so the size
+is fixed) and per `--adaptive LEAST-MOST` (`omni_first<LEAST>_<MOST>`: the first chunk
+sized from the measured pace, orchestrator/pace.py), so every variant is measured on
+the same engines, order alternating per round. Each request: a reply of `--max-tokens`
 tokens (ignore_eos) spoken as `--codes-per-token` talker codes per token (min_tokens
 = max_tokens, greedy), `--concurrency` at a time.
 
@@ -16,7 +18,7 @@ the second chunk never came late (at every concurrency where some size managed t
 is the family's default
 (`Family.speech_chunks`); docs/omni-chat.md has the figures.
 
-    omni-bench first-chunk -- --models tiny qwen3-tiny --first 4 8 12 24
+    omni-bench first-chunk -- --models tiny qwen3-tiny --first 4 8 12 24 --adaptive 4-12
 """
 from __future__ import annotations
 
@@ -58,42 +60,67 @@ def stalls(chunks: Iterable[tuple[float, float]]) -> Stalls:
     return Stalls(count, waited, first)
 
 
-def _variant(first: int) -> str:
-    return f"{ENTRY}_first{first}"
+def _variant(label: str) -> str:
+    return f"{ENTRY}_first{label.replace('-', '_').replace('.', '_')}"
 
 
-def served_spec(model: str, firsts: list[int], work: Path) -> Any:
-    """omni-bench transformers' served spec for `model`, with one orchestrator per value."""
+def variants(firsts: list[int], adaptive: list[str]) -> dict[str, dict[str, Any]]:
+    """{label: the orchestrator's engine_args}: `12` fixed, `4-12` adaptive, `4-12x1.2`
+    adaptive with first_chunk_margin 1.2."""
+    out: dict[str, dict[str, Any]] = {
+        str(f): {"first_chunk_codes": f, "min_first_chunk_codes": f} for f in firsts}
+    for label in adaptive:
+        sizes, _, margin = label.partition("x")
+        least, _, most = sizes.partition("-")
+        try:
+            args = {"first_chunk_codes": int(most), "min_first_chunk_codes": int(least)}
+            if margin:
+                args["first_chunk_margin"] = float(margin)
+        except ValueError:
+            args = {}
+        if not args or not 1 <= args["min_first_chunk_codes"] <= args["first_chunk_codes"]:
+            raise SystemExit(f"--adaptive {label!r}: give LEAST-MOST or LEAST-MOSTxMARGIN, "
+                             "e.g. 4-12 or 4-12x1.2")
+        out[label] = args
+    return out
+
+
+def served_spec(model: str, sizes: dict[str, dict[str, Any]], work: Path) -> Any:
+    """omni-bench transformers' served spec for `model`, with one orchestrator per variant."""
     from omni_tools import spec
     from omni_tools.bench.transformers_baseline import served_spec as base_spec
 
     base = base_spec(model, work)
     data = base.model_dump(mode="json", exclude_none=True)
     orchestrator = data["stages"].pop(ENTRY)
-    for first in firsts:
+    for label, engine_args in sizes.items():
         stage = json.loads(json.dumps(orchestrator))
-        stage.setdefault("engine_args", {})["first_chunk_codes"] = first
-        data["stages"][_variant(first)] = stage
-    data["entry"] = _variant(firsts[0])
+        stage.setdefault("engine_args", {}).update(engine_args)
+        data["stages"][_variant(label)] = stage
+    data["entry"] = _variant(next(iter(sizes)))
     return spec.parse_spec(data, base_dir=work, source=f"{base.source} (first-chunk variants)")
 
 
 def one_request(client: Any, model: str, text: str, options: dict[str, Any]) -> dict[str, Any]:
     """One streamed speech request: first audio, full response, stalls while playing it."""
-    from omni_client.types import AudioChunk
+    from omni_client.types import AudioChunk, Final
 
     t0 = time.perf_counter()
     chunks: list[tuple[float, float]] = []
+    codes = None  # the server's metrics: the talker steps the first chunk voiced
     for event in client.stream(text, model=model, timeout=600, **options):
         if isinstance(event, AudioChunk):
             chunks.append((time.perf_counter() - t0, event.duration_s))
+        elif isinstance(event, Final):
+            codes = event.metrics.get("first_chunk_codes")
     total = time.perf_counter() - t0
     if not chunks:
         raise RuntimeError(f"no audio in the reply to {text!r}")
     heard = stalls(chunks)
     return {"ttfa_s": chunks[0][0], "latency_s": total, "stalls": heard.count,
             "stall_s": heard.seconds, "second_chunk_late": heard.first == 1,
-            "first_chunk_audio_s": chunks[0][1], "audio_s": sum(d for _, d in chunks)}
+            "first_chunk_audio_s": chunks[0][1], "audio_s": sum(d for _, d in chunks),
+            "first_chunk_codes": codes}
 
 
 def level(client: Any, model: str, texts: list[str], concurrency: int,
@@ -108,6 +135,7 @@ def level(client: Any, model: str, texts: list[str], concurrency: int,
             "second_chunk_late": sum(r["second_chunk_late"] for r in rows),
             "stall_s_mean": sum(r["stall_s"] for r in rows) / len(rows),
             "first_chunk_audio_s": median([r["first_chunk_audio_s"] for r in rows]),
+            "first_chunk_codes": sorted(r["first_chunk_codes"] or 0 for r in rows),
             "audio_s_mean": sum(r["audio_s"] for r in rows) / len(rows)}
 
 
@@ -124,25 +152,27 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
                                        "temperature": 0},
                "talker_sampling": {"max_tokens": codes, "min_tokens": codes, "temperature": 0}}
     repo = work / model / "repo"
-    gen_repo.generate(served_spec(model, args.first, work / model), repo, force=True)
-    per: dict[int, dict[int, list[dict[str, Any]]]] = {
-        c: {f: [] for f in args.first} for c in args.concurrency}
+    sizes = variants(args.first, args.adaptive)
+    gen_repo.generate(served_spec(model, sizes, work / model), repo, force=True)
+    per: dict[int, dict[str, list[dict[str, Any]]]] = {
+        c: {f: [] for f in sizes} for c in args.concurrency}
     with TritonServer(repo, log_path=work / model / "tritonserver.log") as server, \
             OmniClient(server.grpc_url, timeout=600) as client:
-        for first in args.first:  # warm-up: every orchestrator and the engines' shapes
+        for first in sizes:  # warm-up: every orchestrator and the engines' shapes
             level(client, _variant(first), prompts(2, 99), 2, options)
         for rnd in range(args.rounds):
-            order = args.first if rnd % 2 == 0 else list(reversed(args.first))
+            order = list(sizes) if rnd % 2 == 0 else list(reversed(sizes))
             for c in args.concurrency:
                 texts = prompts(max(args.min_requests, args.requests_per_slot * c), rnd)
                 for first in order:
                     r = level(client, _variant(first), texts, c, options)
                     per[c][first].append(r)
-                    print(f"first-chunk {model} round={rnd} c={c} first={first:3d}: first audio "
+                    print(f"first-chunk {model} round={rnd} c={c} first={first:>5}: first audio "
                           f"p50 {r['ttfa_s_p50']:.3f} s, full p50 {r['latency_s_p50']:.3f} s, "
                           f"stalled {r['stalled_requests']}/{r['requests']} "
                           f"(second chunk late {r['second_chunk_late']}) "
-                          f"({r['stall_s_mean']:.3f} s each)", flush=True)
+                          f"({r['stall_s_mean']:.3f} s each); first chunks "
+                          f"{r['first_chunk_codes']}", flush=True)
     levels = {}
     for c, by_first in per.items():
         levels[c] = {first: _merge(rows) for first, rows in by_first.items()}
@@ -153,21 +183,24 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
 def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rounds of one (concurrency, first) cell: medians of their p50s, stalls summed."""
     out = {k: median([r[k] for r in rows]) for k in rows[0]
-           if k not in ("stalled_requests", "requests", "second_chunk_late")}
+           if k not in ("stalled_requests", "requests", "second_chunk_late", "first_chunk_codes")}
+    out["first_chunk_codes"] = sorted(n for r in rows for n in r["first_chunk_codes"])
     out["stalled_requests"] = sum(r["stalled_requests"] for r in rows)
     out["requests"] = sum(r["requests"] for r in rows)
     out["second_chunk_late"] = sum(r["second_chunk_late"] for r in rows)
     return out
 
 
-def choose(levels: dict[int, dict[int, dict[str, Any]]]) -> int | None:
-    """The smallest first chunk after which the second chunk never came late (`levels`:
-    {concurrency: {first: cell}}), at every concurrency where some size managed that.
+def choose(levels: dict[int, dict[str, dict[str, Any]]]) -> int | None:
+    """The smallest fixed first chunk after which the second chunk never came late (`levels`:
+    {concurrency: {label: cell}}, adaptive variants left out), at every concurrency where
+    some size managed that.
 
     The first chunk's size decides only that gap. A level where the second chunk came late
     after every size tried is one where the decoder voices slower than real time: no first
     chunk covers it, so it does not vote. None when no level has a size that managed."""
-    clean = {c: {f for f, cell in cells.items() if cell["second_chunk_late"] == 0}
+    clean = {c: {int(f) for f, cell in cells.items()
+                 if f.isdigit() and cell["second_chunk_late"] == 0}
              for c, cells in levels.items()}
     voting = [ok for ok in clean.values() if ok]
     ok = set.intersection(*voting) if voting else set()
@@ -180,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=["tiny", "qwen3-tiny"])
     ap.add_argument("--first", nargs="+", type=int, default=[4, 8, 12, 24],
-                    help="first_chunk_codes values (talker steps: codes, or frames of 16)")
+                    help="fixed first chunk sizes (talker steps: codes, or frames of 16)")
+    ap.add_argument("--adaptive", nargs="*", default=[], metavar="LEAST-MOST",
+                    help="first chunks sized from the measured pace, between LEAST and MOST")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests-per-slot", type=int, default=2)

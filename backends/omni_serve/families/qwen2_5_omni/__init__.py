@@ -53,7 +53,8 @@ FAMILY = Family(
     # transformers' Qwen2_5OmniForConditionalGeneration.generate talker_* defaults
     talker_sampling={"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05},
     # 48 codes = 0.96 s: 24 also come in time at concurrency 1 on the tiny default, but
-    # mean more decoder calls and later first audio at 16 (docs/omni-chat.md, first chunk)
+    # mean more decoder calls and later first audio at 16; sized from the pace (no
+    # min_first_chunk_codes) it gained 3-5% at 1 and lost at 4 (docs/omni-chat.md, first chunk)
     speech_chunks={"first_chunk_codes": 48},
     speech=Qwen25OmniSpeech(),
     media_tokens=Qwen25OmniMediaTokens(),

@@ -1,0 +1,96 @@
+"""The first audio chunk's size from the measured pace (orchestrator/pace.py), alone and
+through the orchestrator's speech path with scripted stages."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from omni_serve.orchestrator.pace import FirstChunk, SpeechPace
+from omni_serve.orchestrator.pipeline import OmniPipeline
+from omni_serve.orchestrator.request import parse_request
+from tests.unit.chat import tiny_chat_prompt
+from tests.unit.test_orchestrator import ScriptedStages, config, tensors
+from tests.unit.test_orchestrator_speech import every_code_in_order, voiced_marks
+
+
+def first_chunk(pace: SpeechPace, **overrides) -> FirstChunk:
+    args = {"least": 4, "most": 12, "next_codes": 24, "right_context": 0, "margin": 1.5}
+    return FirstChunk(pace, **{**args, **overrides})
+
+
+def sizes(chunk: FirstChunk, step_s: float, frames: int) -> list[int]:
+    """The size asked at each of `frames` frames, one every `step_s` seconds."""
+    return [chunk.size(n, now=(n - 1) * step_s) for n in range(1, frames + 1)]
+
+
+def test_the_pace_is_a_running_mean_of_decoder_calls_and_the_audio_a_code_makes():
+    pace = SpeechPace(weight=0.25)
+    pace.decoded(0.2, 12, 0.96)
+    assert (pace.decode_s, pace.code_audio_s) == (0.2, pytest.approx(0.08))
+    pace.decoded(0.6, 0, 0.0)  # a call that voiced nothing keeps the audio per code
+    assert pace.decode_s == pytest.approx(0.3) and pace.code_audio_s == pytest.approx(0.08)
+
+
+def test_before_any_decoder_call_the_first_chunk_is_the_most():
+    assert set(sizes(first_chunk(SpeechPace()), 0.001, 12)) == {12}
+
+
+def test_the_first_chunk_is_the_fewest_frames_that_play_while_the_second_is_made():
+    pace = SpeechPace(decode_s=0.05, code_audio_s=0.08)
+    # second chunk: 24 steps of 10 ms + 50 ms decode = 0.29 s, x 1.5 = 0.435 s of audio: 6 frames
+    got = sizes(first_chunk(pace), 0.010, 12)
+    assert got[:5] == [12] * 5 and got[5] == 6
+    # a slower talker needs more: 24 x 20 ms + 50 ms = 0.53 s, x 1.5 = 0.795 s: 10 frames
+    got = sizes(first_chunk(pace), 0.020, 12)
+    assert got.index(10) == 9 and set(got[:9]) == {12}
+
+
+def test_a_talker_too_slow_for_any_smaller_chunk_keeps_the_most():
+    pace = SpeechPace(decode_s=0.05, code_audio_s=0.08)
+    assert set(sizes(first_chunk(pace), 0.040, 20)) == {12}
+
+
+def test_the_right_context_is_waited_for_and_the_least_is_kept():
+    pace = SpeechPace(decode_s=0.0, code_audio_s=1.0)  # anything would play long enough
+    chunk = first_chunk(pace, least=3, right_context=5)
+    got = sizes(chunk, 0.001, 9)
+    assert got[:7] == [12] * 7  # 8 frames: 3 voiced and 5 of right context
+    assert got[7:] == [3, 4]
+    # a least above the most is the most
+    assert first_chunk(pace, least=20, most=12).least == 12
+
+
+def run_request(pipeline: OmniPipeline, cfg, seed: int) -> list:
+    events: list = []
+    req = parse_request("r1", tensors(modalities=["text", "audio"], seed=seed), cfg)
+    asyncio.run(pipeline.run(req, events.append))
+    return events
+
+
+def test_a_measured_pace_makes_the_next_replys_first_chunk_smaller_and_every_code_voiced():
+    # scripted decoder: 0.1 s of audio a code; talker: a code every 5 ms. The first reply
+    # knows no pace and waits for 8 codes; the second's first chunk is smaller (at least 1).
+    cfg = config(first_chunk_codes=8, min_first_chunk_codes=1)
+    stages = ScriptedStages(code_delay=0.005, first_decode_delay=0.01)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
+    firsts = []
+    for seed in (1, 2):
+        start = len(stages.decoded)
+        events = run_request(pipeline, cfg, seed)
+        codes, context, lookahead, offset, _ = stages.decoded[start]
+        firsts.append(len(codes) - context - lookahead)
+        assert voiced_marks(events) == every_code_in_order()
+    assert firsts[0] == 8
+    assert firsts[1] < 8
+
+
+def test_without_a_least_the_first_chunk_is_always_first_chunk_codes():
+    cfg = config(first_chunk_codes=3)
+    stages = ScriptedStages(code_delay=0.001)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
+    for seed in (1, 2):
+        start = len(stages.decoded)
+        run_request(pipeline, cfg, seed)
+        codes, context, lookahead, *_ = stages.decoded[start]
+        assert len(codes) - context - lookahead == 3
