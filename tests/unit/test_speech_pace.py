@@ -15,7 +15,8 @@ from tests.unit.test_orchestrator_speech import every_code_in_order, voiced_mark
 
 
 def first_chunk(pace: SpeechPace, **overrides) -> FirstChunk:
-    args = {"least": 4, "most": 12, "next_codes": 24, "right_context": 0, "margin": 1.5}
+    args = {"least": 4, "most": 12, "next_codes": 24, "right_context": 0, "margin": 1.5,
+            "max_replies": 4}
     return FirstChunk(pace, **{**args, **overrides})
 
 
@@ -44,6 +45,16 @@ def test_the_first_chunk_is_the_fewest_frames_that_play_while_the_second_is_made
     # a slower talker needs more: 24 x 20 ms + 50 ms = 0.53 s, x 1.5 = 0.795 s: 10 frames
     got = sizes(first_chunk(pace), 0.020, 12)
     assert got.index(10) == 9 and set(got[:9]) == {12}
+
+
+def test_with_more_replies_in_flight_than_the_limit_the_first_chunk_is_the_most():
+    pace = SpeechPace(decode_s=0.05, code_audio_s=0.08)
+    with pace.speaking(), pace.speaking():
+        assert pace.replies == 2
+        assert sizes(first_chunk(pace, max_replies=2), 0.010, 12)[5] == 6
+        with pace.speaking():
+            assert set(sizes(first_chunk(pace, max_replies=2), 0.010, 12)) == {12}
+    assert pace.replies == 0
 
 
 def test_a_talker_too_slow_for_any_smaller_chunk_keeps_the_most():
@@ -83,6 +94,27 @@ def test_a_measured_pace_makes_the_next_replys_first_chunk_smaller_and_every_cod
         assert voiced_marks(events) == every_code_in_order()
     assert firsts[0] == 8
     assert firsts[1] < 8
+    assert pipeline.pace.replies == 0  # each reply counted only while in flight
+
+
+def test_while_more_replies_than_the_limit_speak_the_first_chunk_is_first_chunk_codes():
+    cfg = config(first_chunk_codes=8, min_first_chunk_codes=1, first_chunk_pace_replies=1)
+    stages = ScriptedStages(code_delay=0.005, first_decode_delay=0.01)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
+    run_request(pipeline, cfg, 1)  # measures the pace
+
+    async def two_at_once():
+        events: list[list] = [[], []]
+        await asyncio.gather(*(pipeline.run(parse_request(
+            f"r{i}", tensors(modalities=["text", "audio"], seed=i), cfg), events[i].append)
+            for i in range(2)))
+        return events
+
+    start = len(stages.decoded)
+    for events in asyncio.run(two_at_once()):
+        assert events[-1].metrics["first_chunk_codes"] == 8
+        assert voiced_marks(events) == every_code_in_order()
+    assert len(stages.decoded) > start
 
 
 def test_without_a_least_the_first_chunk_is_always_first_chunk_codes():

@@ -11,11 +11,16 @@ a code makes. `FirstChunk` (one per streamed reply) follows the reply's talker
 frames and says the first chunk's size: the smallest of at least
 `min_first_chunk_codes` that plays for `first_chunk_margin` times the second
 chunk's making at the pace measured so far, else `first_chunk_codes`. Until a
-decoder call has been measured it is `first_chunk_codes`.
+decoder call has been measured, and while more than `first_chunk_pace_replies`
+replies are being spoken on this instance, it is `first_chunk_codes`: when many
+replies start together, a reply's first frames are made before the others'
+talkers join, so their pace promises more than the talker then keeps.
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -26,6 +31,16 @@ class SpeechPace:
     weight: float = 0.5  # of the newest call in the running mean
     decode_s: float | None = None  # a decoder call's seconds, queue included (running mean)
     code_audio_s: float | None = None  # seconds of audio one talker step voices
+    replies: int = 0  # speech replies in flight (their thinker or talker running)
+
+    @contextlib.contextmanager
+    def speaking(self) -> Iterator[None]:
+        """Count one speech reply in flight while the block runs."""
+        self.replies += 1
+        try:
+            yield
+        finally:
+            self.replies -= 1
 
     def decoded(self, seconds: float, codes: int, audio_s: float) -> None:
         """A decoder call took `seconds` and voiced `codes` talker steps as `audio_s` of audio."""
@@ -39,9 +54,10 @@ class FirstChunk:
     """One reply's first chunk size, asked once per talker frame until the chunk goes."""
 
     def __init__(self, pace: SpeechPace, *, least: int, most: int, next_codes: int,
-                 right_context: int, margin: float):
+                 right_context: int, margin: float, max_replies: int):
         self.pace, self.least, self.most = pace, min(least, most), most
         self.next_codes, self.right_context, self.margin = next_codes, right_context, margin
+        self.max_replies = max_replies
         self.first_frame: float | None = None
         self.step_s: float | None = None  # the talker's seconds per frame so far
 
@@ -57,7 +73,8 @@ class FirstChunk:
         ready = frames - self.right_context
         pace = self.pace
         if (ready < self.least or ready >= self.most or self.step_s is None
-                or pace.decode_s is None or pace.code_audio_s is None):
+                or pace.decode_s is None or pace.code_audio_s is None
+                or pace.replies > self.max_replies):
             return self.most
         making_s = self.next_codes * self.step_s + pace.decode_s
         return ready if ready * pace.code_audio_s >= self.margin * making_s else self.most

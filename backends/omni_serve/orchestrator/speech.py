@@ -108,11 +108,16 @@ class Speech:
         self.first_chunk = FirstChunk(
             self.pace, least=cfg.min_first_chunk_codes or cfg.first_chunk_codes,
             most=cfg.first_chunk_codes, next_codes=cfg.chunk_codes,
-            right_context=cfg.right_context_codes, margin=cfg.first_chunk_margin)
+            right_context=cfg.right_context_codes, margin=cfg.first_chunk_margin,
+            max_replies=cfg.first_chunk_pace_replies)
         self.feed = families.get(cfg.family).speech
         self.seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
 
     async def run(self, rows: ThinkerRows) -> None:
+        with self.pace.speaking():  # from the thinker's start: a burst counts at once
+            await self._run(rows)
+
+    async def _run(self, rows: ThinkerRows) -> None:
         waits = [asyncio.ensure_future(rows.ready.wait()), asyncio.ensure_future(rows.done.wait())]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
