@@ -526,7 +526,9 @@ def test_openai_models_lists_the_entry_models_and_the_thinker_chats(openai_clien
 
 def test_openai_speech_equals_qwen3_omni_in_transformers(openai_client, folder):
     """An OpenAI voice name (onyx: the family's voice_map says ethan) speaks the reference's
-    speech: the WAV's samples are its waveform within one PCM16 step; streamed, the same."""
+    speech: the WAV's samples are its waveform within one PCM16 step; streamed, the WAV's
+    samples within one step (the stream's first chunk is sized from the pace, so its chunk
+    bounds, and with them float rounding, may differ from run to run)."""
     want_ids, want_codes, want_wave = _spoken(folder, SEA, "ethan")
     assert len(want_codes) > 1, "the reference talker produced no frames"
     kwargs = dict(model=OMNI_MODEL, messages=_user({"type": "text", "text": SEA}),
@@ -553,7 +555,9 @@ def test_openai_speech_equals_qwen3_omni_in_transformers(openai_client, folder):
                     pcm.append(np.frombuffer(base64.b64decode(delta.data), "<i2"))
     assert len(pcm) > 1  # audio arrived in several chunks
     assert "".join(transcript) == audio.transcript
-    assert np.concatenate(pcm).tobytes() == wav_bytes[44:]  # the WAV's very samples
+    streamed = np.concatenate(pcm).astype(np.int32)
+    wav = np.frombuffer(wav_bytes[44:], "<i2").astype(np.int32)
+    assert streamed.shape == wav.shape and np.abs(streamed - wav).max() <= 1
 
 
 def test_openai_image_part_gets_the_reply_of_transformers(openai_client, folder):
