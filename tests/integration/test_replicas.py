@@ -31,14 +31,14 @@ from omni_serve.orchestrator.routing import pick
 from omni_tools.server import TritonServer, free_ports
 
 from .llm_io import metric
-from .omni_io import OmniResult, error_code, run_omni
+from .omni_io import OmniResult, OmniStream, error_code, omni_inputs, run_omni
 from .servers import gen_repo
 
 pytestmark = pytest.mark.integration
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 GENERATED = "omni_llm_generation_tokens_total"
-RUNNING = "omni_llm_engine_running_requests"
+IN_FLIGHT = "omni_llm_requests_in_flight"
 TOKENS = 16
 GREEDY = {"temperature": 0, "max_tokens": TOKENS, "ignore_eos": True}
 EXPLICIT = ["--model-control-mode=explicit", "--load-model=omni", "--load-model=omni_ipv4"]
@@ -210,17 +210,29 @@ class Call:
 
 
 def _load(url: str, stop: threading.Event, calls: list[Call]) -> None:
-    """Requests one after another until `stop` (each long enough to be caught mid-stream)."""
+    """Requests one after another until `stop` (each long enough to be caught mid-stream);
+    a call's result fills in as its responses arrive."""
     long = {"temperature": 0, "max_tokens": 200, "ignore_eos": True}
     while not stop.is_set():
-        call = Call(time.monotonic())
+        call = Call(time.monotonic(), OmniResult())
         calls.append(call)
-        call.result = run_omni(url, text="tell a long story", sampling=long)
-        call.ended = time.monotonic()
+        stream = OmniStream(url)
+        try:
+            stream.send(omni_inputs(text="tell a long story", sampling=long))
+            stream.collect(call.result)
+        finally:
+            stream.close()
+            call.ended = time.monotonic()
 
 
-def _running(engine: HostServer) -> float:
-    return metric(engine.metrics(), RUNNING, "llm")
+def _in_flight(engine: HostServer) -> float:
+    return metric(engine.metrics(), IN_FLIGHT, "llm")
+
+
+def _all_streaming(calls: list[Call]) -> bool:
+    """Every unfinished call has had text: its thinker stream answered, so a replica lost
+    now fails it (one lost before its first answer is retried on the other)."""
+    return all(c.result.deltas for c in list(calls) if c.ended is None)
 
 
 def test_a_replica_host_killed_mid_load(cluster):
@@ -233,10 +245,12 @@ def test_a_replica_host_killed_mid_load(cluster):
     for w in workers:
         w.start()
     try:
+        # the stage's own count of its requests (vLLM's running gauge is per engine step)
         deadline = time.monotonic() + 60
-        while not (_running(victim) >= 1 and _running(survivor) >= 1):
-            assert time.monotonic() < deadline, "the load never ran on both replicas"
-            time.sleep(0.05)
+        while not (_in_flight(victim) >= 1 and _in_flight(survivor) >= 1
+                   and _all_streaming(calls)):
+            assert time.monotonic() < deadline, "the load never streamed on both replicas"
+            time.sleep(0.005)
         os.killpg(victim.proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         victim.proc.wait(timeout=30)
