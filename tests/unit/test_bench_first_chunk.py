@@ -43,10 +43,12 @@ def test_the_default_is_the_smallest_first_chunk_the_second_never_came_late_afte
 
 
 def test_variants_are_fixed_sizes_and_least_most_ranges():
-    fixed = {"first_chunk_codes": 12, "min_first_chunk_codes": 12}
-    assert variants([12], ["4-12", "4-12x1.2"]) == {
+    fixed = {"first_chunk_codes": 12, "min_first_chunk_codes": 12, "min_chunk_codes": None}
+    assert variants([12], ["4-12", "4-12x1.2", "4-12x1.2/6"]) == {
         "12": fixed, "4-12": {**fixed, "min_first_chunk_codes": 4},
-        "4-12x1.2": {**fixed, "min_first_chunk_codes": 4, "first_chunk_margin": 1.2}}
-    for bad in ("12-4", "4", "a-12", "4-12xa"):
+        "4-12x1.2": {**fixed, "min_first_chunk_codes": 4, "first_chunk_margin": 1.2},
+        "4-12x1.2/6": {**fixed, "min_first_chunk_codes": 4, "first_chunk_margin": 1.2,
+                       "min_chunk_codes": 6}}
+    for bad in ("12-4", "4", "a-12", "4-12xa", "4-12/0", "4-12/a"):
         with pytest.raises(SystemExit, match="LEAST-MOST"):
             variants([], [bad])

@@ -126,7 +126,8 @@ def test_the_chunk_sizes_default_to_the_familys_and_a_setting_wins(fourway):
                          ("qwen3_omni_moe", families.get("qwen3_omni_moe"))):
         cfg = OrchestratorConfig.model_validate({**bare, "family": name})
         fields = OrchestratorConfig.model_fields
-        for key in ("first_chunk_codes", "min_first_chunk_codes", "chunk_codes"):
+        for key in ("first_chunk_codes", "min_first_chunk_codes", "chunk_codes",
+                    "min_chunk_codes"):
             assert getattr(cfg, key) == family.speech_chunks.get(key, fields[key].default), key
     assert OrchestratorConfig.model_validate(
         {**bare, "family": "qwen3_omni_moe"}).min_first_chunk_codes == 4

@@ -1,12 +1,12 @@
-"""The first audio chunk's size from the measured pace (orchestrator/pace.py), alone and
-through the orchestrator's speech path with scripted stages."""
+"""Decoder chunk sizes from the measured pace (orchestrator/pace.py), alone and through
+the orchestrator's speech path with scripted stages."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from omni_serve.orchestrator.pace import FirstChunk, SpeechPace
+from omni_serve.orchestrator.pace import ChunkSizes, SpeechPace
 from omni_serve.orchestrator.pipeline import OmniPipeline
 from omni_serve.orchestrator.request import parse_request
 from tests.unit.chat import tiny_chat_prompt
@@ -14,15 +14,26 @@ from tests.unit.test_orchestrator import ScriptedStages, config, tensors
 from tests.unit.test_orchestrator_speech import every_code_in_order, voiced_marks
 
 
-def first_chunk(pace: SpeechPace, **overrides) -> FirstChunk:
-    args = {"least": 4, "most": 12, "next_codes": 24, "right_context": 0, "margin": 1.5,
-            "max_replies": 4}
-    return FirstChunk(pace, **{**args, **overrides})
+def first_chunk(pace: SpeechPace, **overrides) -> ChunkSizes:
+    args = {"least": 4, "most": 12, "next_least": 24, "next_most": 24, "right_context": 0,
+            "margin": 1.5, "max_replies": 4}
+    return ChunkSizes(pace, **{**args, **overrides})
 
 
-def sizes(chunk: FirstChunk, step_s: float, frames: int) -> list[int]:
-    """The size asked at each of `frames` frames, one every `step_s` seconds."""
-    return [chunk.size(n, now=(n - 1) * step_s) for n in range(1, frames + 1)]
+def sizes(chunk: ChunkSizes, step_s: float, frames: int) -> list[int]:
+    """The first chunk's size asked at each of `frames` frames, one every `step_s` seconds."""
+    return [chunk.size(n, 0, now=(n - 1) * step_s) for n in range(1, frames + 1)]
+
+
+def schedule(chunk: ChunkSizes, step_s: float, frames: int) -> list[int]:
+    """The chunks a reply of `frames` frames, one every `step_s` seconds, is cut into (each
+    chunk going as soon as its frames are there, as speech._plan sends them)."""
+    ends, done = [], 0
+    for n in range(1, frames + 1):
+        while n - done >= (size := chunk.size(n, done, now=(n - 1) * step_s)):
+            done += size
+            ends.append(done)
+    return [b - a for a, b in zip([0, *ends], ends)]
 
 
 def test_the_pace_is_a_running_mean_of_decoder_calls_and_the_audio_a_code_makes():
@@ -62,6 +73,33 @@ def test_a_talker_too_slow_for_any_smaller_chunk_keeps_the_most():
     assert set(sizes(first_chunk(pace), 0.040, 20)) == {12}
 
 
+def test_later_chunks_grow_from_the_least_as_the_audio_ahead_allows():
+    # 10 ms a frame, 80 ms of audio a frame, 50 ms a decode, margin 1.5: the chunk ending
+    # at E must be back while E_prev frames play: (E - E_1) 10 ms + 50 ms <= E_prev 80 / 1.5
+    pace = SpeechPace(decode_s=0.05, code_audio_s=0.08)
+    chunk = first_chunk(pace, next_least=4)
+    # the first: 4 frames play 0.213 s >= 4 x 10 ms + 50 ms; the second may end at
+    # 4 + floor((0.213 - 0.05) / 0.01) = 20, the third at 4 + floor((1.067 - 0.05) / 0.01)
+    assert schedule(chunk, 0.010, 150) == [4, 16, 24, 24, 24, 24, 24]
+    # with the later chunks fixed the first must cover 24 frames' making: 6 frames
+    assert schedule(first_chunk(pace), 0.010, 54) == [6, 24, 24]
+
+
+def test_a_talker_slower_than_real_time_keeps_every_size_fixed():
+    # 60 ms a frame x margin 1.5 > 80 ms of audio: later chunks would shrink, so none is
+    # planned smaller, and the first stays the most
+    pace = SpeechPace(decode_s=0.0, code_audio_s=0.08)
+    assert schedule(first_chunk(pace, next_least=1), 0.060, 60) == [12, 24, 24]
+
+
+def test_later_chunks_are_fixed_after_a_first_chunk_not_sized_from_the_pace():
+    pace = SpeechPace()  # no decoder call measured yet
+    chunk = first_chunk(pace, next_least=4)
+    assert schedule(chunk, 0.010, 30) == [12]
+    pace.decoded(0.05, 12, 0.96)  # measured now, but this reply started without a pace
+    assert chunk.size(36, 12, now=0.35) == 24
+
+
 def test_the_right_context_is_waited_for_and_the_least_is_kept():
     pace = SpeechPace(decode_s=0.0, code_audio_s=1.0)  # anything would play long enough
     chunk = first_chunk(pace, least=3, right_context=5)
@@ -70,6 +108,7 @@ def test_the_right_context_is_waited_for_and_the_least_is_kept():
     assert got[7:] == [3, 4]
     # a least above the most is the most
     assert first_chunk(pace, least=20, most=12).least == 12
+    assert first_chunk(pace, next_least=30).next_least == 24
 
 
 def run_request(pipeline: OmniPipeline, cfg, seed: int) -> list:
@@ -95,6 +134,25 @@ def test_a_measured_pace_makes_the_next_replys_first_chunk_smaller_and_every_cod
     assert firsts[0] == 8
     assert firsts[1] < 8
     assert pipeline.pace.replies == 0  # each reply counted only while in flight
+
+
+def test_with_a_least_for_later_chunks_the_second_is_smaller_and_every_code_voiced():
+    # talker: ~5 ms a frame, 0.1 s of audio each; with chunk_codes above the reply's 23
+    # frames a fixed schedule sends the rest as one second chunk once the talker is done.
+    # The second reply's second chunk goes as soon as it is back before the first has
+    # played: at most ~19 frames on, fewer however slow a loaded machine makes the talker
+    cfg = config(first_chunk_codes=8, min_first_chunk_codes=1, chunk_codes=40,
+                 min_chunk_codes=1)
+    stages = ScriptedStages(code_delay=0.01, first_decode_delay=0.01)
+    pipeline = OmniPipeline(cfg, stages, tiny_chat_prompt())
+    run_request(pipeline, cfg, 1)  # measures the pace
+    start = len(stages.decoded)
+    events = run_request(pipeline, cfg, 2)
+    voiced = [len(codes) - context - lookahead
+              for codes, context, lookahead, *_ in stages.decoded[start:]]
+    assert voiced[0] < 8 and len(voiced) >= 3, voiced
+    assert sum(voiced) == len(every_code_in_order())
+    assert voiced_marks(events) == every_code_in_order()
 
 
 def test_while_more_replies_than_the_limit_speak_the_first_chunk_is_first_chunk_codes():

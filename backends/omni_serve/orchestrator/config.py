@@ -195,15 +195,18 @@ class OrchestratorConfig(RefusesRemovedSettings):
     # them); audio still goes out in order.
     parallel_chunks: int = Field(default=4, ge=1)
     first_chunk_codes: int = Field(default=12, ge=1)
-    # The first chunk is smaller on a lighter server (orchestrator/pace.py): the
-    # fewest frames of at least `min_first_chunk_codes` (unset: `first_chunk_codes`,
+    # Chunks are smaller on a lighter server (orchestrator/pace.py): the first is
+    # the fewest frames of at least `min_first_chunk_codes` (unset: `first_chunk_codes`,
     # always that size) that play for `first_chunk_margin` times what the second
-    # chunk takes to make at the pace measured so far, while at most
+    # chunk (`min_chunk_codes`; unset: `chunk_codes`) takes to make at the pace
+    # measured so far; the later ones the most, up to `chunk_codes`, that are back
+    # before the audio ahead of them has played. Only while at most
     # `first_chunk_pace_replies` speech replies are in flight on this instance.
     min_first_chunk_codes: int | None = Field(default=None, ge=1)
     first_chunk_margin: float = Field(default=1.0, gt=0)
     first_chunk_pace_replies: int = Field(default=4, ge=1)
     chunk_codes: int = Field(default=24, ge=1)
+    min_chunk_codes: int | None = Field(default=None, ge=1)
     left_context_codes: int = Field(default=41, ge=0)
     right_context_codes: int = Field(default=40, ge=0)
     align_codes: int = Field(default=12, ge=1)

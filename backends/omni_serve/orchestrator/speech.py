@@ -34,7 +34,7 @@ from omni_serve.families import DecoderChunk, SpeechFeed, ThinkerReply
 from omni_serve.llm.hidden_states import remove_handed_over
 from omni_serve.orchestrator.config import OrchestratorConfig
 from omni_serve.orchestrator.events import AudioChunk, CodecIds, Event, Timings
-from omni_serve.orchestrator.pace import FirstChunk, SpeechPace
+from omni_serve.orchestrator.pace import ChunkSizes, SpeechPace
 from omni_serve.orchestrator.request import OmniRequest
 
 
@@ -102,14 +102,14 @@ class Speech:
 
     def __init__(self, cfg: OrchestratorConfig, calls: StageCalls, req: OmniRequest,
                  media: dict[str, np.ndarray], emit: Callable[[Event], None], t: Timings,
-                 pace: SpeechPace | None = None):
+                 pace: SpeechPace):
         self.cfg, self.calls, self.req, self.media, self.emit, self.t = cfg, calls, req, media, emit, t
-        self.pace = pace or SpeechPace()
-        self.first_chunk = FirstChunk(
+        self.pace = pace  # the instance's: the first chunk sees every reply's decoder calls
+        self.chunk_sizes = ChunkSizes(
             self.pace, least=cfg.min_first_chunk_codes or cfg.first_chunk_codes,
-            most=cfg.first_chunk_codes, next_codes=cfg.chunk_codes,
-            right_context=cfg.right_context_codes, margin=cfg.first_chunk_margin,
-            max_replies=cfg.first_chunk_pace_replies)
+            most=cfg.first_chunk_codes, next_least=cfg.min_chunk_codes or cfg.chunk_codes,
+            next_most=cfg.chunk_codes, right_context=cfg.right_context_codes,
+            margin=cfg.first_chunk_margin, max_replies=cfg.first_chunk_pace_replies)
         self.feed = families.get(cfg.family).speech
         self.seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(7), "big")
 
@@ -197,7 +197,7 @@ class Speech:
         cfg = self.cfg
         chunks = []
         while True:
-            size = self.first_chunk.size(len(frames)) if done == 0 else cfg.chunk_codes
+            size = self.chunk_sizes.size(len(frames), done)
             spans = chunk_plan(len(frames), done, size, cfg.left_context_codes, final,
                                right_context=cfg.right_context_codes, align=cfg.align_codes)
             if not spans:

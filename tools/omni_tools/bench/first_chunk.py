@@ -6,7 +6,8 @@ tritonserver serves the omni-chat preset on that checkpoint (without text_to_ima
 with one orchestrator per `--first` value (`omni_first<N>`, the same stages behind
 them, only `first_chunk_codes` differs, `min_first_chunk_codes` set to it so the size
 is fixed) and per `--adaptive LEAST-MOST` (`omni_first<LEAST>_<MOST>`: the first chunk
-sized from the measured pace, orchestrator/pace.py), so every variant is measured on
+sized from the measured pace, orchestrator/pace.py; `LEAST-MOST/NEXT`: the later
+chunks too, from NEXT up), so every variant is measured on
 the same engines, order alternating per round. Each request: a reply of `--max-tokens`
 tokens (ignore_eos) spoken as `--codes-per-token` talker codes per token (min_tokens
 = max_tokens, greedy), `--concurrency` at a time.
@@ -61,26 +62,31 @@ def stalls(chunks: Iterable[tuple[float, float]]) -> Stalls:
 
 
 def _variant(label: str) -> str:
-    return f"{ENTRY}_first{label.replace('-', '_').replace('.', '_')}"
+    return f"{ENTRY}_first{label.replace('-', '_').replace('.', '_').replace('/', '_n')}"
 
 
 def variants(firsts: list[int], adaptive: list[str]) -> dict[str, dict[str, Any]]:
-    """{label: the orchestrator's engine_args}: `12` fixed, `4-12` adaptive, `4-12x1.2`
-    adaptive with first_chunk_margin 1.2."""
+    """{label: the orchestrator's engine_args}: `12` fixed, `4-12` the first chunk sized
+    from the pace, `4-12x1.2` with first_chunk_margin 1.2, `4-12/4` the later chunks too,
+    from min_chunk_codes 4 (without it they are chunk_codes, whatever the family says)."""
     out: dict[str, dict[str, Any]] = {
-        str(f): {"first_chunk_codes": f, "min_first_chunk_codes": f} for f in firsts}
+        str(f): {"first_chunk_codes": f, "min_first_chunk_codes": f, "min_chunk_codes": None}
+        for f in firsts}
     for label in adaptive:
-        sizes, _, margin = label.partition("x")
+        head, _, later = label.partition("/")
+        sizes, _, margin = head.partition("x")
         least, _, most = sizes.partition("-")
         try:
-            args = {"first_chunk_codes": int(most), "min_first_chunk_codes": int(least)}
+            args = {"first_chunk_codes": int(most), "min_first_chunk_codes": int(least),
+                    "min_chunk_codes": int(later) if later else None}
             if margin:
                 args["first_chunk_margin"] = float(margin)
         except ValueError:
             args = {}
-        if not args or not 1 <= args["min_first_chunk_codes"] <= args["first_chunk_codes"]:
-            raise SystemExit(f"--adaptive {label!r}: give LEAST-MOST or LEAST-MOSTxMARGIN, "
-                             "e.g. 4-12 or 4-12x1.2")
+        if not args or not 1 <= args["min_first_chunk_codes"] <= args["first_chunk_codes"] \
+                or (args["min_chunk_codes"] is not None and args["min_chunk_codes"] < 1):
+            raise SystemExit(f"--adaptive {label!r}: give LEAST-MOST[xMARGIN][/NEXT], "
+                             "e.g. 4-12, 4-12x1.2 or 4-12/4")
         out[label] = args
     return out
 
@@ -214,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=["tiny", "qwen3-tiny"])
     ap.add_argument("--first", nargs="+", type=int, default=[4, 8, 12, 24],
                     help="fixed first chunk sizes (talker steps: codes, or frames of 16)")
-    ap.add_argument("--adaptive", nargs="*", default=[], metavar="LEAST-MOST",
-                    help="first chunks sized from the measured pace, between LEAST and MOST")
+    ap.add_argument("--adaptive", nargs="*", default=[], metavar="LEAST-MOST[xMARGIN][/NEXT]",
+                    help="first chunks sized from the measured pace, between LEAST and MOST "
+                         "(/NEXT: the later ones too, from NEXT up to chunk_codes)")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests-per-slot", type=int, default=2)

@@ -59,9 +59,10 @@ FAMILY = Family(
     talker_sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05},
     raw_media=("image", "audio", "video"),
     # 12 frames = 0.96 s: the smallest first chunk the second chunk followed in time at
-    # concurrency 1 to 8 on the tiny checkpoint; smaller (down to 4) when the measured pace
-    # allows (orchestrator/pace.py; omni-bench first-chunk, docs/omni-chat.md)
-    speech_chunks={"first_chunk_codes": 12, "min_first_chunk_codes": 4},
+    # concurrency 1 to 8 on the tiny checkpoint; smaller (down to 4), and the later chunks
+    # growing from 4 to chunk_codes, when the measured pace allows (orchestrator/pace.py;
+    # omni-bench first-chunk, docs/omni-chat.md)
+    speech_chunks={"first_chunk_codes": 12, "min_first_chunk_codes": 4, "min_chunk_codes": 4},
     raw_media_shapes="omni_serve.families.processor_media_shapes:load",
     speech=Qwen3OmniSpeech(),
     vllm_models={
