@@ -1,7 +1,8 @@
 """Scenario `profile`: where the time goes in omni-chat under load (py-spy).
 
-Runs in the omni-bench process; starts tritonserver serving the omni-chat preset,
-sends speech requests (text in, text + speech out) from threads through omni_client,
+Runs in the omni-bench process; starts tritonserver serving the omni-chat preset (or,
+with `--checkpoint`, omni-bench transformers' served spec on that checkpoint, e.g.
+`qwen3-tiny`), sends speech requests (text in, text + speech out) from threads through omni_client,
 and meanwhile samples the stub processes of the orchestrator and of each stage (with
 their vLLM engine processes) with py-spy, CPU time only (no idle samples). Reports per
 process its share of one core and the functions its samples were in (self time).
@@ -30,7 +31,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20.0, help="sampling time under load")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--models", nargs="+", default=["omni", "llm", "talker", "audio_decoder"])
+    ap.add_argument("--stages", "--models", dest="stages", nargs="+",
+                    default=["omni", "llm", "talker", "audio_decoder"],
+                    help="the stage models whose processes are sampled")
+    ap.add_argument("--checkpoint", default=None,
+                    help="serve this omni-bench transformers model (e.g. qwen3-tiny) instead "
+                         "of the omni-chat preset's tiny default")
     ap.add_argument("--top", type=int, default=6)
 
 
@@ -47,6 +53,15 @@ def stub_pids(server_pid: int, models: list[str]) -> dict[str, int]:
         for model in models:
             if f"/{model}/" in cmd and model not in found:
                 found[model] = proc.pid
+    return found
+
+
+def stage_pids(server_pid: int, stages: list[str]) -> dict[str, int]:
+    """stub_pids of every one of `stages`; a ValueError names those not served."""
+    found = stub_pids(server_pid, stages)
+    if missing := [m for m in stages if m not in found]:
+        raise ValueError(f"--stages: no stage process for {', '.join(missing)} "
+                         f"(found {', '.join(found) or 'none'})")
     return found
 
 
@@ -93,10 +108,18 @@ def run(args: argparse.Namespace) -> Results:
 
     work = Path(tempfile.mkdtemp(prefix="omni-bench-profile-"))
     repo = work / "repo"
-    gen_repo.generate(spec.load_preset("omni-chat"), repo, force=True)
+    if args.checkpoint:
+        from omni_tools.bench.transformers_baseline import MODELS, served_spec
+
+        if args.checkpoint not in MODELS:
+            raise SystemExit(f"--checkpoint {args.checkpoint!r}: one of {', '.join(MODELS)}")
+        served = served_spec(args.checkpoint, work)
+    else:
+        served = spec.load_preset("omni-chat")
+    gen_repo.generate(served, repo, force=True)
     done: list[float] = []
     with TritonServer(repo, log_path=work / "tritonserver.log") as server:
-        pids = stub_pids(server.proc.pid, args.models)
+        pids = stage_pids(server.proc.pid, args.stages)
         stop = threading.Event()
         load = threading.Thread(target=_load, args=(server.grpc_url, stop, args.concurrency,
                                                     args.max_tokens, done), daemon=True)
@@ -120,13 +143,15 @@ def run(args: argparse.Namespace) -> Results:
         path = work / f"{model}.txt"
         samples, top = self_time(path.read_text() if path.is_file() else "", args.top)
         processes[model] = {"cores": samples / (RATE * args.seconds), "top_self": top}
-    return {"concurrency": args.concurrency, "seconds": args.seconds,
+    return {"checkpoint": args.checkpoint, "concurrency": args.concurrency,
+            "seconds": args.seconds,
             "max_tokens": args.max_tokens, "requests_s_while_sampled": requests_s,
             "processes": processes, "artifacts": str(work)}
 
 
 def table(results: Results) -> str:
-    rows = [f"Sampled {results['seconds']:.0f} s at concurrency {results['concurrency']} "
+    served = f" on {results['checkpoint']}" if results.get("checkpoint") else ""
+    rows = [f"Sampled {results['seconds']:.0f} s{served} at concurrency {results['concurrency']} "
             f"({results['requests_s_while_sampled']:.2f} speech replies/s of "
             f"{results['max_tokens']} tokens), CPU time only:", "",
             "| process (with its engine processes) | cores busy | where (self time) |",
