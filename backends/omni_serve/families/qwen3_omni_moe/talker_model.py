@@ -237,7 +237,7 @@ class CodePredictor(nn.Module):
         sin = self.rope_sin[start:start + n].to(x.dtype)
         for layer, cache, qk_norm in zip(self.model.layers, caches, qk_norms, strict=True):
             x = layer.step(x, cos, sin, cache, qk_norm)
-        return _rms_norm(x[:, -1], self.model.norm.weight, self.model.norm.eps)
+        return _rms_norm(x, self.model.norm.weight, self.model.norm.eps)
 
     @torch.no_grad()
     def draw(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor,
@@ -251,7 +251,11 @@ class CodePredictor(nn.Module):
         codes = []
         for k in range(self.groups - 1):
             h = self._step(x, 0 if k == 0 else k + 1, caches, qk_norms)
-            step_logits = F.linear(h, self.lm_head[k].weight)
+            # the head over every position of the step, as transformers runs it: a matmul's
+            # rounding may depend on its row count (it does on AMD EPYC), so the first
+            # step's two rows a frame give transformers' bits where the last row alone
+            # would not
+            step_logits = F.linear(h, self.lm_head[k].weight)[:, -1]
             if logits is not None:
                 logits.append(step_logits)
             codes.append(_pick(step_logits, k, sampling))
