@@ -209,11 +209,14 @@ def audio_amid_text(url: str, model: str = MODEL, *, seed: int = 7,
     return result
 
 
-def run_omni(url: str, model: str = MODEL, **kwargs) -> OmniResult:
+def run_omni(url: str, model: str = MODEL, *, result: OmniResult | None = None,
+             extra_inputs=(), **kwargs) -> OmniResult:
+    """One request of `omni_inputs(**kwargs)` plus `extra_inputs`, read to its end; pass
+    `result` to watch it fill in from another thread as responses arrive."""
     stream = OmniStream(url, model)
     try:
-        stream.send(omni_inputs(**kwargs))
-        return stream.collect()
+        stream.send([*omni_inputs(**kwargs), *extra_inputs])
+        return stream.collect(result)
     finally:
         stream.close()
 
@@ -243,10 +246,5 @@ def wav(samples: np.ndarray, rate: int = 16000) -> bytes:
 def run_omni_hearing(url: str, use_audio_in_video: bool, model: str = MODEL,
                      **kwargs) -> OmniResult:
     """run_omni with the `use_audio_in_video` flag set (true: the clip's sound is heard)."""
-    stream = OmniStream(url, model)
-    try:
-        stream.send([*omni_inputs(**kwargs),
-                     _tensor(OMNI.USE_AUDIO_IN_VIDEO, np.array([use_audio_in_video]), "BOOL")])
-        return stream.collect()
-    finally:
-        stream.close()
+    flag = _tensor(OMNI.USE_AUDIO_IN_VIDEO, np.array([use_audio_in_video]), "BOOL")
+    return run_omni(url, model, extra_inputs=[flag], **kwargs)

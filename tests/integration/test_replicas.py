@@ -31,7 +31,7 @@ from omni_serve.orchestrator.routing import pick
 from omni_tools.server import TritonServer, free_ports
 
 from .llm_io import metric
-from .omni_io import OmniResult, OmniStream, error_code, omni_inputs, run_omni
+from .omni_io import OmniResult, error_code, run_omni
 from .servers import gen_repo
 
 pytestmark = pytest.mark.integration
@@ -216,12 +216,9 @@ def _load(url: str, stop: threading.Event, calls: list[Call]) -> None:
     while not stop.is_set():
         call = Call(time.monotonic(), OmniResult())
         calls.append(call)
-        stream = OmniStream(url)
         try:
-            stream.send(omni_inputs(text="tell a long story", sampling=long))
-            stream.collect(call.result)
+            run_omni(url, result=call.result, text="tell a long story", sampling=long)
         finally:
-            stream.close()
             call.ended = time.monotonic()
 
 

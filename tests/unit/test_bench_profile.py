@@ -20,3 +20,14 @@ def test_self_time_counts_each_samples_leaf_frame():
            "main (a.py:1);work (b.py:2);conv (pkg/conv.py:9) 2\n")
     assert profile.self_time(raw, top=1) == (10, [("conv (conv.py:9)", 0.8)])
     assert profile.self_time("", top=3) == (0, [])
+
+
+def test_an_unknown_checkpoint_is_refused_with_the_known_ones(capsys):
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    profile.add_arguments(ap)
+    assert ap.parse_args(["--checkpoint", "qwen3-tiny"]).checkpoint == "qwen3-tiny"
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--checkpoint", "qwen3-omni"])
+    assert "invalid choice: 'qwen3-omni'" in capsys.readouterr().err

@@ -72,6 +72,7 @@ class ChunkSizes:
         self.first_frame: float | None = None
         self.step_s: float | None = None  # the talker's seconds per frame so far
         self.first_end: int | None = None  # the frames the first chunk voiced, once it went
+        self.first_paced = False  # the last first-chunk size asked was sized from the pace
 
     def size(self, frames: int, done: int, now: float | None = None) -> int:
         """The next chunk's size with `frames` talker frames made (the newest just now) and
@@ -84,13 +85,12 @@ class ChunkSizes:
             self.step_s = (now - self.first_frame) / (frames - 1)
         if done == 0:
             ready = frames - self.right_context
-            if self.least <= ready < self.most and self._paced() and \
-                    self._ahead(ready, ready) - ready >= self.next_least:
-                return ready
-            return self.most
+            self.first_paced = self.least <= ready < self.most and self._paced() and \
+                self._ahead(ready, ready) - ready >= self.next_least
+            return ready if self.first_paced else self.most
         if self.first_end is None:
             self.first_end = done  # asked first just after the first chunk went
-        if self.first_end >= self.most or not self._paced():
+        if not self.first_paced or not self._paced():
             return self.next_most
         return max(self.next_least, min(self.next_most, self._ahead(done, self.first_end) - done))
 

@@ -28,13 +28,15 @@ RATE = 50  # samples per second and process
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    from omni_tools.bench.transformers_baseline import MODELS
+
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=20.0, help="sampling time under load")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--stages", "--models", dest="stages", nargs="+",
                     default=["omni", "llm", "talker", "audio_decoder"],
                     help="the stage models whose processes are sampled")
-    ap.add_argument("--checkpoint", default=None,
+    ap.add_argument("--checkpoint", default=None, choices=list(MODELS),
                     help="serve this omni-bench transformers model (e.g. qwen3-tiny) instead "
                          "of the omni-chat preset's tiny default")
     ap.add_argument("--top", type=int, default=6)
@@ -109,10 +111,8 @@ def run(args: argparse.Namespace) -> Results:
     work = Path(tempfile.mkdtemp(prefix="omni-bench-profile-"))
     repo = work / "repo"
     if args.checkpoint:
-        from omni_tools.bench.transformers_baseline import MODELS, served_spec
+        from omni_tools.bench.transformers_baseline import served_spec
 
-        if args.checkpoint not in MODELS:
-            raise SystemExit(f"--checkpoint {args.checkpoint!r}: one of {', '.join(MODELS)}")
         served = served_spec(args.checkpoint, work)
     else:
         served = spec.load_preset("omni-chat")
