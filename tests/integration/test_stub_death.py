@@ -96,8 +96,15 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
         speech = run_omni(url, **SPEECH)
         assert error_code(speech.error) == "UNAVAILABLE" and VICTIM in speech.error.message()
 
+        logged = server.log_path.stat().st_size
         client.load_model(VICTIM)  # the operator's way back, no server restart
         assert client.is_model_ready(VICTIM)
+    # whose engine loads the model the server's start compiled (omni_serve/llm/aot_cache.py)
+    with open(server.log_path, "rb") as log:
+        log.seek(logged)
+        reload_log = log.read().decode(errors="replace")
+    assert "Directly load AOT compilation" in reload_log, reload_log[-4000:]
+    assert "Compiling model again" not in reload_log, reload_log[-4000:]
     after = run_omni(url, **SPEECH)
     assert after.error is None, after.error
     assert after.codec_ids == before.codec_ids and after.text == before.text
