@@ -165,6 +165,22 @@ def test_a_handed_over_file_stays_for_its_caller_only_if_its_request_completed(
         assert os.path.exists(path) is completed
 
 
+def test_a_row_count_written_as_its_caller_removes_the_file_is_not_left_behind(
+        capture_dir, monkeypatch):
+    capture = CaptureFile(str(capture_dir), H)
+    capture.handed_over = capture.completed = True
+    replace = os.replace
+
+    def caller_ends_first(src, dst):  # the caller's end comes between the check and the write
+        hidden_states.remove_handed_over(capture.path)
+        replace(src, dst)
+
+    monkeypatch.setattr(hidden_states.os, "replace", caller_ends_first)
+    hidden_states.write_final_rows(capture.path, 3)
+    capture.close()
+    assert os.listdir(capture_dir) == []
+
+
 def test_merged_deltas_keep_every_row_in_order():
     def out(rows):
         return LLMOutput(text="x", finish_reason=None, num_input_tokens=1, num_output_tokens=1,

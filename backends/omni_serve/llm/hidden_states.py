@@ -37,6 +37,7 @@ missed (`<file>.miss`) and the stage runs the request again without the cache.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -399,6 +400,9 @@ def write_final_rows(path: str, rows: int) -> None:
     with open(tmp, "w") as f:
         f.write(str(rows))
     os.replace(tmp, path + ROWS_SUFFIX)
+    if not os.path.exists(path):  # the caller removed both while this was written
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + ROWS_SUFFIX)
 
 
 def final_rows(path: str) -> int | None:
