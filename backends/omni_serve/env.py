@@ -75,6 +75,11 @@ VLLM_SPIN_FINE_MS = EnvVar(
     "then up to the longest (default 0: double up to the longest at once; e.g. 20 on a "
     "host with spare cores)",
     "vLLM engine processes (omni_serve.llm.vllm_plugin)")
+VLLM_SHM_WAKE = EnvVar(
+    "OMNI_VLLM_SHM_WAKE", None,
+    "`1`: a vLLM engine core and its worker wake each other through a FIFO when a step's "
+    "message is written, instead of polling for it (default 1 on CPU, 0 on GPU)",
+    "vLLM engine processes (omni_serve.llm.shm_wake)")
 VLLM_WORKER_IN_ENGINE = EnvVar(
     "OMNI_VLLM_WORKER_IN_ENGINE", "0",
     "`1`: on the CPU platform a one-worker vLLM engine runs its worker inside the "

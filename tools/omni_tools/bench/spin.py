@@ -18,9 +18,14 @@ work on the host), and measures per side:
 - cancellation: requests cancelled a fixed 0.3 s after they were sent; how
   many tokens the engine still generated (the reply is 1800 tokens).
 
+Sides: `spin` (vLLM's own), `sleep` (the plugin's sleeps), `sleep50` (a fixed 50 us),
+`wake` (the default: the sleeps, and each reader woken by its writer,
+omni_serve/llm/shm_wake.py).
+
 The `spin` scenario of omni-bench (its child process; on demand).
 
     omni-bench spin -- --rounds 2 --busy 0
+    omni-bench spin -- --rounds 3 --sides sleep wake --concurrency 1 8 32
     .venv/bin/python -m omni_tools.bench.spin --report docs/benchmarks/spin.json   # the table
 """
 from __future__ import annotations
@@ -38,12 +43,16 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from omni_client._llm_io import build_inputs
+from omni_serve.env import VLLM_SHM_WAKE
 from omni_serve.llm.vllm_plugin import ENV, MAX_ENV
 from omni_tools.bench.llm_stage import ENGINE_ARGS, pct, perf_analyzer_level
 from omni_tools.bench.scenario import results_file, write_results
 
-# vLLM's own spin; the plugin's default (50 us doubling to 1 ms); a fixed 50 us (the earlier default)
-SIDES = {"spin": {ENV: "0"}, "sleep": {}, "sleep50": {MAX_ENV: "50"}}
+WAKE_ENV = VLLM_SHM_WAKE.name
+# vLLM's own spin; the plugin's sleeps (50 us doubling to 1 ms); a fixed 50 us (the earlier
+# default); the default: the sleeps, and a reader woken by its writer (omni_serve/llm/shm_wake.py)
+SIDES = {"spin": {ENV: "0", WAKE_ENV: "0"}, "sleep": {WAKE_ENV: "0"},
+         "sleep50": {MAX_ENV: "50", WAKE_ENV: "0"}, "wake": {}}
 LONG = {"temperature": 0, "max_tokens": 1800, "ignore_eos": True}
 
 _HEARTBEAT = """
@@ -178,15 +187,19 @@ def summarize(runs: list[dict], concurrency: list[int], sides: list[str]) -> dic
             "tokens_after_cancel_p50": pct([x["tokens_after_cancel"] for x in cs], 50),
             "client_sleep_late_max_s": max(x["client_sleep_late_s"] for x in cs),
         }
-    others = [name for name in sides if name != "spin"]
-    out["ratio_over_spin"] = {name: {
-        c: out[name]["levels"][c]["tok_s"] / out["spin"]["levels"][c]["tok_s"]
-        for c in concurrency} for name in others}
-    out["ratio_per_round"] = {name: {c: [
-        s["levels"][c]["tok_s"] / p["levels"][c]["tok_s"]
-        for s, p in zip([r for r in runs if r["side"] == name],
-                        [r for r in runs if r["side"] == "spin"])] for c in concurrency}
-        for name in others}
+    for base in ("spin", "sleep"):
+        if base not in sides:
+            continue
+        others = [name for name in sides if name not in ("spin", base)]
+        key = "" if base == "spin" else f"_{base}"
+        out[f"ratio_over_{base}"] = {name: {
+            c: out[name]["levels"][c]["tok_s"] / out[base]["levels"][c]["tok_s"]
+            for c in concurrency} for name in others}
+        out[f"ratio_per_round{key}"] = {name: {c: [
+            s["levels"][c]["tok_s"] / p["levels"][c]["tok_s"]
+            for s, p in zip([r for r in runs if r["side"] == name],
+                            [r for r in runs if r["side"] == base])] for c in concurrency}
+            for name in others}
     return out
 
 
@@ -206,11 +219,12 @@ def to_markdown(report: dict) -> str:
                        f"| {x['share_in_last_10pct_p50']:.0%} | {x['heartbeat_worst_gap_max_s']:.2f} "
                        f"| {x['cancels_effective']}/{x['cancels']} | {x['tokens_after_cancel_p50']:.0f} |")
     lines.append("")
-    for name, ratio in s["ratio_over_spin"].items():
-        rounds = s["ratio_per_round"][name]
-        lines.append(f"throughput {name}/spin: " + ", ".join(
-            f"c={c}: {ratio[c]:.2f} (per round " + ", ".join(f"{r:.2f}" for r in rounds[c]) + ")"
-            for c in report["concurrency"]))
+    for base, key in (("spin", ""), ("sleep", "_sleep")):
+        for name, ratio in s.get(f"ratio_over_{base}", {}).items():
+            rounds = s[f"ratio_per_round{key}"][name]
+            lines.append(f"throughput {name}/{base}: " + ", ".join(
+                f"c={c}: {ratio[c]:.2f} (per round " + ", ".join(f"{r:.2f}" for r in rounds[c])
+                + ")" for c in report["concurrency"]))
     return "\n".join(lines)
 
 
@@ -225,8 +239,10 @@ def _read_report(path: Path) -> dict:
     report.setdefault("sides", [k for k in summary if not k.startswith("ratio")])
     for name in report["sides"]:
         summary[name]["levels"] = {int(c): lv for c, lv in summary[name]["levels"].items()}
-    for key in ("ratio_over_spin", "ratio_per_round"):
-        summary[key] = {name: {int(c): v for c, v in x.items()} for name, x in summary[key].items()}
+    for key in ("ratio_over_spin", "ratio_per_round", "ratio_over_sleep", "ratio_per_round_sleep"):
+        if key in summary:
+            summary[key] = {name: {int(c): v for c, v in x.items()}
+                            for name, x in summary[key].items()}
     return report
 
 
@@ -241,12 +257,14 @@ def main(argv=None) -> int:
     ap.add_argument("--busy", type=int, default=0,
                     help="CPU-bound processes to run beside the server (other work on the host)")
     ap.add_argument("--out", type=Path, default=results_file("spin"))
+    ap.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES),
+                    help="which sides to run (spin, the baseline of the ratios, always runs)")
     ap.add_argument("--report", type=Path, help="only print the table of a results file")
     args = ap.parse_args(argv)
     if args.report:
         print(to_markdown(_read_report(args.report)))
         return 0
-    sides = list(SIDES)  # spin first: the baseline of the ratios
+    sides = ["spin"] + [s for s in dict.fromkeys(args.sides) if s != "spin"]
 
     from omni_tools import gen_repo, spec
     from omni_tools.tiny_models import ensure_model
