@@ -76,9 +76,11 @@ VLLM_SPIN_FINE_MS = EnvVar(
     "host with spare cores)",
     "vLLM engine processes (omni_serve.llm.vllm_plugin)")
 VLLM_SHM_WAKE = EnvVar(
-    "OMNI_VLLM_SHM_WAKE", None,
+    "OMNI_VLLM_SHM_WAKE", "0",
     "`1`: a vLLM engine core and its worker wake each other through a FIFO when a step's "
-    "message is written, instead of polling for it (default 1 on CPU, 0 on GPU)",
+    "message is written, instead of polling for it: up to 1.3x the tokens at concurrency "
+    "8-32, but on a busy 2-core host (Linux 6.18.44) other processes then went unscheduled "
+    "for up to 0.6 s (benchmarks-notes.md); `0` keeps the polls",
     "vLLM engine processes (omni_serve.llm.shm_wake)")
 VLLM_WORKER_IN_ENGINE = EnvVar(
     "OMNI_VLLM_WORKER_IN_ENGINE", "0",

@@ -175,3 +175,14 @@ def test_pipelining_takes_first_audio_of_a_128_token_reply_from_the_length_sweep
                    "spoken as 256 codes)"]
     assert (short.value, short.met) == (0.3, False)
     assert ratios["omni-chat pipelined / stage-by-stage, requests/s at concurrency 8"].value == 1.2
+
+
+def test_a_child_scenarios_help_ends_omni_bench_cleanly(capfd):
+    """`omni-bench NAME -- --help` prints the module's options and exits 0, keeping nothing."""
+    scenario = {s.name: s for s in cli.SCENARIOS}["spin"]
+    ap = argparse.ArgumentParser()
+    scenario.add_arguments(ap)
+    with pytest.raises(SystemExit) as ended:
+        scenario.run(ap.parse_args(["--", "--help"]))
+    assert ended.value.code == 0
+    assert "--sides" in capfd.readouterr().out  # the child's own options

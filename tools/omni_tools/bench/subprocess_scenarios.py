@@ -37,6 +37,8 @@ def _child_scenario(name: str, module: str, title: str, quick: list[str],
             cmd = [sys.executable, "-m", f"omni_tools.bench.{module}", *extra, "--out", str(out)]
             print("+", " ".join(cmd[1:]), flush=True)
             code = subprocess.run(cmd, cwd=ROOT).returncode
+            if code == 0 and {"-h", "--help"} & set(extra):
+                raise SystemExit(0)  # the module printed its options: nothing to keep
             if not out.is_file():
                 raise subprocess.CalledProcessError(code, cmd)
             results = json.loads(out.read_text())
