@@ -3,9 +3,6 @@ them, instead of polling; a reader whose writer does not wake it goes back to po
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 from importlib.metadata import entry_points
 
@@ -129,27 +126,3 @@ def test_a_real_vllm_queue_wakes_its_reader_for_every_message_and_it_never_polls
     thread.join(30)
     assert not errors and got == [{"step": i} for i in range(n)]
     assert polls == []  # every wait ended on the writer's byte, none on a poll
-
-
-def test_vllm_loads_it_in_a_fresh_process_and_it_is_off_by_default():
-    code = textwrap.dedent("""
-        from vllm.plugins import load_general_plugins
-        load_general_plugins()
-        from vllm.distributed.device_communicators import shm_broadcast as sb
-        print(getattr(sb.MessageQueue.enqueue, "omni_shm_wake", False),
-              getattr(sb.SpinCondition.wait, "omni_shm_wake", False))
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "OMNI_VLLM_SHM_WAKE"}
-
-    def run(environ):
-        out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
-                             text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stdout.split()[-2:]
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:  # two interpreters importing vLLM, side by side
-        on, off = pool.map(run, [{**env, "OMNI_VLLM_SHM_WAKE": "1"}, env])
-    assert on == ["True", "True"]
-    assert off == ["False", "False"]

