@@ -63,7 +63,10 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
         stream.send(omni_inputs(**SPEECH))
         result = stream.collect_until(lambda r: r.codec_ids)  # the talker is speaking
         victim = stub_of(server, VICTIM)
+        stub_program = victim.exe()
         engine = victim.children(recursive=True)  # its vLLM engine core (and any worker)
+        programs = {p.pid: p.exe() for p in engine
+                    if "resource_tracker" not in " ".join(p.cmdline())}
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         result = stream.collect(result, timeout=30)
@@ -79,6 +82,8 @@ def test_a_killed_stub_fails_its_requests_fast_and_a_load_brings_it_back(server)
 
     # the dead stub's engine processes go with it (they held the talker and its KV cache)
     assert engine, "expected the talker's stub to run vLLM's engine processes"
+    # forked from the stub, not spawned (omni_serve/llm/engine_fork.py): the same program
+    assert set(programs.values()) == {stub_program}, (programs, stub_program)
     left = outliving(engine)
     assert not left, f"the dead stub's engine processes outlived it: {left}"
 

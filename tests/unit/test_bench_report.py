@@ -147,7 +147,7 @@ def test_on_demand_scenarios_stay_out_of_all_and_off_the_page(tmp_path, monkeypa
     monkeypatch.setattr(scenario, "RESULTS_DIR", tmp_path / "results")
     on_demand = [s.name for s in cli.SCENARIOS if not s.in_all]
     assert on_demand == ["split", "spin", "cold-start", "hidden-states", "stream-errors",
-                         "unary-cancel", "first-chunk", "decoder"]
+                         "unary-cancel", "first-chunk", "decoder", "server-start"]
     with pytest.raises(SystemExit):  # `all --skip` only names scenarios `all` runs
         cli.parser().parse_args(["all", "--skip", "spin"])
     spin = {s.name: s for s in cli.SCENARIOS}["spin"]

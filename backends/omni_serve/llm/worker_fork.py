@@ -57,15 +57,21 @@ def omp_cpus(environ: Mapping[str, str]) -> list[int]:
     return []
 
 
-def in_forked_worker(parent_pid: int) -> None:
-    """In the child, right after the engine core forked it: the settings a spawned worker
-    would have had (the module docstring)."""
+def as_if_spawned(parent_pid: int) -> None:
+    """In a vLLM process right after its parent forked it: what a spawned one has at its
+    start, its death with the parent and vLLM's plugins still to load."""
     from omni_serve.llm.parent_death import die_with_parent
 
     die_with_parent(parent_pid)
     import vllm.plugins
 
     vllm.plugins.plugins_loaded = False
+
+
+def in_forked_worker(parent_pid: int) -> None:
+    """In the child, right after the engine core forked it: the settings a spawned worker
+    would have had (the module docstring)."""
+    as_if_spawned(parent_pid)
     cpus = omp_cpus(os.environ)
     if cpus:
         os.sched_setaffinity(0, cpus)

@@ -32,7 +32,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     openai_images.SCENARIO, realtime.SCENARIO, timeline.SCENARIO,
     # on demand
     child.SPLIT, child.SPIN, child.COLD_START, child.HIDDEN_STATES, child.STREAM_ERRORS,
-    child.UNARY_CANCEL, child.FIRST_CHUNK, child.DECODER)
+    child.UNARY_CANCEL, child.FIRST_CHUNK, child.DECODER, child.SERVER_START)
 
 
 def _by_name() -> dict[str, Scenario]:

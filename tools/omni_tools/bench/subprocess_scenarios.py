@@ -247,3 +247,7 @@ DECODER = _child_scenario(
     "decoder", "decoder_cost",
     "Audio stage: Token2Wav per chunk, with and without the speaker-encoder memo, 1 or 2 threads",
     [], in_all=False)
+SERVER_START = _child_scenario(
+    "server-start", "server_start",
+    "Server start: a fresh tritonserver's launch to ready, per preset, engine cores forked or "
+    "spawned", [], in_all=False)
