@@ -34,6 +34,7 @@ it gives up to 1.3x the tokens at concurrency 8-32.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -86,10 +87,8 @@ class Waker:
         self.fds = []
         for path in paths:
             self.fds.append(open_fifo(path))
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # both ends are open: the name is no longer needed
-            except FileNotFoundError:
-                pass
         weakref.finalize(self, _close_all, list(self.fds))
 
     def wake(self) -> None:
@@ -143,10 +142,8 @@ def _close_all(fds: list[int], path: str | None = None) -> None:
         except OSError:
             pass
     if path is not None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 def install(message_queue: type, spin_condition: type, timeout_s: float = TIMEOUT_S) -> bool:
