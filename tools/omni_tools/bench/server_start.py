@@ -4,8 +4,9 @@ Runs in omni-bench's child process (`omni-bench server-start`, on demand). Each
 preset's repository is generated once with omni-gen-repo; then, per round, each
 side starts a fresh `tritonserver --model-repository=...` in its own environment,
 and the time from the launch to ready (/v2/health/ready and the metrics endpoint
-answer, polled every 0.5 s) is taken; the server is stopped before the next side
-starts. The sides alternate in order from round to round. The first side is the
+answer, polled every 0.5 s) is taken, then the time from asking it to stop (SIGTERM
+to its process group) to its exit; the next side starts after that. The sides
+alternate in order from round to round. The first side is the
 baseline: each other side's ratio is its ready time over the baseline's, per round.
 
     omni-bench server-start
@@ -46,14 +47,17 @@ def parse_side(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def ready_time(repo: Path, env: dict[str, str], log_path: Path, timeout_s: float) -> float:
-    """Seconds from launching tritonserver on `repo` to ready; the server is stopped after."""
+def start_and_stop(repo: Path, env: dict[str, str], log_path: Path,
+                   timeout_s: float) -> tuple[float, float]:
+    """Seconds from launching tritonserver on `repo` to ready, and from asking it to stop
+    (SIGTERM to its process group) to its exit."""
     server = TritonServer(repo, log_path=log_path, env=env)
     t0 = time.monotonic()
     server.start(timeout=timeout_s, attempts=1)
-    took = time.monotonic() - t0
+    ready = time.monotonic() - t0
+    t1 = time.monotonic()
     server.stop()
-    return took
+    return ready, time.monotonic() - t1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,14 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         repo = tmp / preset
         subprocess.run([gen, "--preset", preset, "-o", str(repo)], check=True)
         times: dict[str, list[float]] = {name: [] for name, _ in sides}
+        stops: dict[str, list[float]] = {name: [] for name, _ in sides}
         for r in range(args.rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for name, env in order:
-                took = ready_time(repo, env, tmp / f"{preset}-{name}-{r}.log", args.timeout)
-                times[name].append(took)
-                print(f"{preset} round {r} {name}: ready in {took:.1f} s", flush=True)
+                ready, stop = start_and_stop(repo, env, tmp / f"{preset}-{name}-{r}.log",
+                                             args.timeout)
+                times[name].append(ready)
+                stops[name].append(stop)
+                print(f"{preset} round {r} {name}: ready in {ready:.1f} s, stopped in "
+                      f"{stop:.1f} s", flush=True)
         base = sides[0][0]
         row = {"preset": preset, "ready_s": {n: [round(t, 2) for t in ts] for n, ts in times.items()},
+               "stop_s": {n: [round(t, 2) for t in ts] for n, ts in stops.items()},
                "ready_s_median": {n: round(statistics.median(ts), 2) for n, ts in times.items()},
                "ratio_per_round": {n: [round(t / b, 3) for t, b in zip(ts, times[base])]
                                    for n, ts in times.items() if n != base}}
