@@ -10,8 +10,9 @@ checks both).
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -158,6 +159,21 @@ def declared(name: str) -> bool:
                                 and len(name) > len(head) + len(tail)):
             return True
     return False
+
+
+@contextlib.contextmanager
+def set_while(name: str, value: str) -> Iterator[None]:
+    """`os.environ[name] = value` while the block runs (processes started in it inherit
+    it); afterwards its earlier value, or none, again."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def markdown_table() -> str:

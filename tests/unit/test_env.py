@@ -2,6 +2,7 @@
 and listed in docs/environment.md."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -104,3 +105,16 @@ def test_every_declared_variable_is_documented_once():
     documented = re.findall(r"^\| `(OMNI_[A-Z0-9_<>]+)` \|", DOC.read_text(), re.MULTILINE)
     assert sorted(documented) == sorted(v.name for v in env.ALL)
     assert len(set(documented)) == len(documented)
+
+
+def test_set_while_restores_the_earlier_value_or_its_absence_even_on_error(monkeypatch):
+    name = "SET_WHILE_PROBE"
+    monkeypatch.delenv(name, raising=False)
+    with env.set_while(name, "fork"):
+        assert os.environ[name] == "fork"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "spawn")
+    with pytest.raises(RuntimeError), env.set_while(name, "fork"):
+        assert os.environ[name] == "fork"
+        raise RuntimeError("the block failed")
+    assert os.environ[name] == "spawn"

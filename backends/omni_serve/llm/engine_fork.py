@@ -38,8 +38,6 @@ from omni_serve import env
 from omni_serve.llm.worker_fork import METHOD_ENV, as_if_spawned
 
 _armed: dict[str, int] = {}  # while forking() is open: the arming thread and process
-_hook_lock = threading.Lock()
-_hooked = False
 
 
 def enabled(is_cpu: bool | None = None) -> bool:
@@ -60,24 +58,17 @@ def _after_fork_in_child() -> None:
         as_if_spawned(armed["pid"])
 
 
+os.register_at_fork(after_in_child=_after_fork_in_child)  # once: a module runs once
+
+
 @contextlib.contextmanager
 def forking() -> Iterator[None]:
     """While open, vLLM's processes started from this thread are forked, not spawned.
 
     Open it after the engine's config is made (vLLM's CPU platform sets `spawn` then)."""
-    global _hooked
-    with _hook_lock:
-        if not _hooked:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            _hooked = True
-    previous = os.environ.get(METHOD_ENV)
-    os.environ[METHOD_ENV] = "fork"
     _armed.update(thread=threading.get_ident(), pid=os.getpid())
     try:
-        yield
+        with env.set_while(METHOD_ENV, "fork"):
+            yield
     finally:
         _armed.clear()
-        if previous is None:
-            os.environ.pop(METHOD_ENV, None)
-        else:
-            os.environ[METHOD_ENV] = previous

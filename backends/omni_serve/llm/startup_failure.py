@@ -77,10 +77,9 @@ def watch(stage: str) -> Iterator[None]:
     fd, path = tempfile.mkstemp(prefix="omni-vllm-start-", suffix=".txt")
     os.close(fd)
     os.unlink(path)  # the handler creates it exclusively
-    previous = os.environ.get(ENV)
-    os.environ[ENV] = path  # inherited by the engine processes spawned inside
     try:
-        yield
+        with env.set_while(ENV, path):  # inherited by the engine processes started inside
+            yield
     except Exception as e:
         try:
             cause = Path(path).read_text(encoding="utf-8")
@@ -88,9 +87,5 @@ def watch(stage: str) -> Iterator[None]:
             cause = summarize(e)
         raise EngineStartError(f"stage {stage}: its vLLM engine failed to start: {cause}") from e
     finally:
-        if previous is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = previous
         with contextlib.suppress(OSError):
             os.unlink(path)
